@@ -1,0 +1,246 @@
+/*
+ * store.h - the idempotency record store.
+ *
+ * A record is identified by a 32-byte key (store_key_derive() of scope and
+ * Idempotency-Key) and is absent, IN_PROGRESS (a caller holds a lease) or
+ * COMPLETE (it carries a replayable payload). There is no failed state: a
+ * failed attempt is released, which deletes the row (seed 000, "Why there is
+ * no failed state"). The edges are those of CONTRACT.md section 2:
+ *
+ *   acquire          absent / expired COMPLETE / IN_PROGRESS with an expired
+ *                    lease (a steal) -> IN_PROGRESS with a new random lease id,
+ *                    lease_expires = now + lease, expires = now + ttl.
+ *   complete(lease)  IN_PROGRESS with that lease -> COMPLETE with the payload,
+ *                    expires = now + ttl. Otherwise refused (STORE_FENCED).
+ *   release(lease)   IN_PROGRESS with that lease -> deleted. Otherwise refused.
+ *   extend(lease)    IN_PROGRESS with that lease -> lease_expires = now + lease.
+ *                    A silent no-op otherwise (outcome STORE_FENCED, no error).
+ *   purge            deletes COMPLETE records past their TTL and IN_PROGRESS
+ *                    records whose TTL has elapsed and whose lease has expired.
+ *
+ * Caveats, as lmdb.h puts them:
+ *   - store_apply() runs every op of one call in ONE write transaction: that
+ *     is the group commit. Ops are applied in order; later ops see earlier
+ *     ones. Either all of them are committed or (on a hard error, a negative
+ *     return) none is, except for ops that report STORE_FULL, which are simply
+ *     not applied while the others are.
+ *   - Only one write transaction runs at a time across every process sharing
+ *     the store path, so callers funnel writes through one writer thread.
+ *   - store_get() and the other reads never need the writer and may run on
+ *     any thread concurrently with store_apply().
+ *   - Records returned by store_get() are copies owned by the caller: free
+ *     them with store_record_clear(). Nothing returned points into the store.
+ *   - Time comes only from the clock given at open, so tests inject it.
+ *
+ * Thread safety: every function taking a struct store * is thread-safe.
+ * A store handle must not be used across fork().
+ */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_KEY_BYTES 32
+#define STORE_LEASE_ID_BYTES 16
+#define STORE_FINGERPRINT_BYTES 32
+
+/* Errors: every failing function returns one of these (negative). */
+enum store_error {
+    STORE_OK = 0,
+    STORE_EIO = -1,      /* the backend failed (disk, LMDB error) */
+    STORE_ENOMEM = -2,   /* an allocation failed */
+    STORE_EINVAL = -3,   /* bad argument */
+    STORE_ECORRUPT = -4, /* a stored record does not decode */
+    STORE_EFULL = -5,    /* no room even after purging */
+};
+
+const char *store_strerror(int err);
+
+/* A binary-safe span. The store never keeps the pointer after a call. */
+struct store_span {
+    const void *ptr;
+    size_t len;
+};
+
+enum store_state {
+    STORE_STATE_ABSENT = 0,
+    STORE_STATE_IN_PROGRESS = 1,
+    STORE_STATE_COMPLETE = 2,
+};
+
+/* Expected outcomes of an op: results, not errors. */
+enum store_outcome {
+    STORE_ACQUIRED = 1, /* acquire: new record, or a steal (op.stolen) */
+    STORE_REPLAY,       /* acquire: live COMPLETE record, same fingerprint */
+    STORE_BUSY,         /* acquire: live IN_PROGRESS record, same fingerprint */
+    STORE_MISMATCH,     /* acquire: live record with another fingerprint */
+    STORE_DONE,         /* complete/release/extend applied */
+    STORE_FENCED,       /* complete/release refused, extend a no-op */
+    STORE_FULL,         /* acquire/complete: no room after purging; not applied */
+};
+
+const char *store_outcome_name(enum store_outcome o);
+
+/*
+ * A decoded record. store_get() and a STORE_REPLAY acquire fill it with
+ * copies owned by the record; store_record_clear() frees them (and is a no-op
+ * on a zeroed record). headers is the opaque blob given to complete.
+ */
+struct store_record {
+    enum store_state state;
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+    int64_t lease_expires_ms;
+    int64_t expires_ms;
+    uint8_t fingerprint[STORE_FINGERPRINT_BYTES];
+    int status;       /* COMPLETE only */
+    uint8_t *headers; /* COMPLETE only; owned */
+    size_t headers_len;
+    uint8_t *body; /* COMPLETE only; owned */
+    size_t body_len;
+};
+
+void store_record_clear(struct store_record *rec);
+
+enum store_op_kind {
+    STORE_OP_ACQUIRE = 1,
+    STORE_OP_COMPLETE,
+    STORE_OP_RELEASE,
+    STORE_OP_EXTEND,
+};
+
+/*
+ * One edge to apply. Fields marked "in" are set by the caller, "out" by the
+ * store. The spans of a complete must stay valid for the store_apply() call.
+ */
+struct store_op {
+    enum store_op_kind kind;                    /* in */
+    uint8_t key[STORE_KEY_BYTES];               /* in */
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];     /* in: complete/release/extend; out: acquire */
+    uint8_t fingerprint[STORE_FINGERPRINT_BYTES]; /* in: acquire */
+    int64_t lease_ms;                           /* in: acquire, extend */
+    int64_t ttl_ms;                             /* in: acquire, complete */
+    int status;                                 /* in: complete */
+    struct store_span headers;                  /* in: complete */
+    struct store_span body;                     /* in: complete */
+
+    enum store_outcome outcome; /* out */
+    bool stolen;                /* out: acquire took over an expired lease */
+    int64_t lease_expires_ms;   /* out: ACQUIRED: ours; BUSY: the holder's */
+    /* out: with STORE_REPLAY, when want_replay is set, the stored record
+     * (owned by the caller, free with store_record_clear()). */
+    bool want_replay;           /* in */
+    struct store_record replay; /* out */
+};
+
+struct store_clock {
+    int64_t (*now_ms)(void *ctx); /* milliseconds; any epoch shared by all users of a store */
+    void *ctx;
+};
+
+/* The real-time clock (CLOCK_REALTIME in ms): records outlive processes. */
+extern const struct store_clock store_clock_realtime;
+
+struct store_options {
+    const char *path;        /* directory; created if missing */
+    uint64_t map_size_bytes; /* the store's size cap; 0 means 1 GiB */
+    bool sync;               /* true: every commit is on disk when store_apply returns */
+    const struct store_clock *clock; /* NULL: store_clock_realtime */
+};
+
+struct store_stats {
+    uint64_t commits;       /* write transactions committed by this handle */
+    uint64_t ops_committed; /* ops applied in them */
+    uint64_t records;       /* records in the store now */
+    uint64_t map_size_bytes;
+    uint64_t map_used_bytes; /* high-water mark of pages in use */
+};
+
+/* Called by store_scan() for every record; return non-zero to stop. */
+typedef int (*store_scan_fn)(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
+                             void *ctx);
+
+/*
+ * A backend: the shape of Redis's connection types. Every function follows
+ * the contract of the store_* wrapper of the same name below.
+ */
+struct store_ops {
+    const char *name;
+    int (*open)(const struct store_options *opt, void **impl, char *err, size_t errlen);
+    void (*close)(void *impl);
+    int (*apply)(void *impl, struct store_op *ops, size_t n);
+    int (*get)(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
+    int (*purge)(void *impl, size_t max_records, size_t *purged, bool *more);
+    int (*reader_check)(void *impl, int *cleared);
+    int (*stats)(void *impl, struct store_stats *out);
+    int (*scan)(void *impl, store_scan_fn fn, void *ctx);
+    int (*sync)(void *impl);
+};
+
+/* The LMDB backend. */
+extern const struct store_ops store_lmdb_ops;
+
+struct store; /* opaque */
+
+/* Opens a store with the given backend (NULL: LMDB). On failure returns a
+ * negative error and writes a message to err. *out is owned by the caller. */
+int store_open(const struct store_ops *backend, const struct store_options *opt,
+               struct store **out, char *err, size_t errlen);
+/* store_close(NULL) is a no-op. */
+void store_close(struct store *st);
+
+/* Applies n ops in one atomic write transaction (see caveats). Returns 0 when
+ * the transaction committed (each op has its outcome), negative otherwise. */
+int store_apply(struct store *st, struct store_op *ops, size_t n);
+
+/* Reads a record without the writer. Returns 0 and fills *out (state ABSENT
+ * when there is none, or when it is a COMPLETE record past its TTL, which is
+ * treated as absent even before a purge). */
+int store_get(struct store *st, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
+
+/* Deletes up to max_records purgeable records, oldest expiry first, in one
+ * write transaction, using the expiry index (never a full scan). *more is set
+ * when more may be due. */
+int store_purge(struct store *st, size_t max_records, size_t *purged, bool *more);
+
+/* Clears reader slots left by dead processes (mdb_reader_check). */
+int store_reader_check(struct store *st, int *cleared);
+int store_stats(struct store *st, struct store_stats *out);
+/* Visits every record in key order (for invariant checks and tools). */
+int store_scan(struct store *st, store_scan_fn fn, void *ctx);
+/* Flushes to disk (for durability "interval"). */
+int store_sync(struct store *st);
+
+/* Convenience single-edge calls: each is store_apply() of one op. */
+int store_acquire(struct store *st, const uint8_t key[STORE_KEY_BYTES],
+                  const uint8_t fingerprint[STORE_FINGERPRINT_BYTES], int64_t lease_ms,
+                  int64_t ttl_ms, struct store_op *out);
+int store_complete(struct store *st, const uint8_t key[STORE_KEY_BYTES],
+                   const uint8_t lease_id[STORE_LEASE_ID_BYTES], int64_t ttl_ms, int status,
+                   struct store_span headers, struct store_span body,
+                   enum store_outcome *outcome);
+int store_release(struct store *st, const uint8_t key[STORE_KEY_BYTES],
+                  const uint8_t lease_id[STORE_LEASE_ID_BYTES], enum store_outcome *outcome);
+int store_extend(struct store *st, const uint8_t key[STORE_KEY_BYTES],
+                 const uint8_t lease_id[STORE_LEASE_ID_BYTES], int64_t lease_ms,
+                 enum store_outcome *outcome);
+
+/*
+ * The record key: SHA-256 over the length-prefixed scope and key, so that
+ * ("ab","c") and ("a","bc") differ and keys longer than LMDB's 511-byte key
+ * limit fit. The scope already includes the scope_header hash if any.
+ */
+void store_key_derive(const void *scope, size_t scope_len, const void *key, size_t key_len,
+                      uint8_t out[STORE_KEY_BYTES]);
+
+/*
+ * The versioned record encoding (record.c), exposed for the fuzzer and the
+ * tests. store_record_encode() returns a malloc'd buffer in *out (caller
+ * frees); store_record_decode() never trusts its input and returns
+ * STORE_ECORRUPT on anything malformed.
+ */
+int store_record_encode(const struct store_record *rec, uint8_t **out, size_t *out_len);
+int store_record_decode(const void *buf, size_t len, struct store_record *out);
+
+#endif
