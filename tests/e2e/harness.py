@@ -1,0 +1,631 @@
+"""harness.py - runs the real idemproxy binary against tests/upstream/upstream.py.
+
+Every test gets its own temporary directory, its own upstream on a port the
+upstream chose itself (--port-file, no race) and its own proxy processes on
+free ports, so ctest can run the scenario files in parallel.
+
+    class MyScenario(harness.ProxyTestCase):
+        def test_something(self):
+            proxy = self.start_proxy()          # default config, one route
+            r = self.post(proxy, "key-1")       # raw-socket HTTP request
+            self.assertEqual(r.status, 201)
+            self.assertEqual(self.upstream.count("key-1"), 1)
+
+At teardown every proxy still running gets SIGTERM and must exit 0. The
+binary is $IDEMPROXY_BIN or <repo>/build/idemproxy; a missing binary is a
+test error, never a skip. Set IDEMPROXY_E2E_KEEP=1 to keep the temporary
+directories (configs, stdout access logs, stderr, upstream execution log).
+"""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+UPSTREAM_PY = os.path.join(REPO, "tests", "upstream", "upstream.py")
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 15.0
+
+# Hop-by-hop headers (RFC 9110 section 7.6.1, CONTRACT.md section 3).
+HOP_BY_HOP = ("connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade")
+
+
+def binary():
+    path = os.environ.get("IDEMPROXY_BIN") or os.path.join(REPO, "build", "idemproxy")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("idemproxy binary not found at %s (set IDEMPROXY_BIN)" % path)
+    return path
+
+
+def free_port():
+    """A port nobody listens on right now (there is a small race; Proxy retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port():
+    """A port on which connections are refused."""
+    return free_port()
+
+
+# ---------------------------------------------------------------------------
+# Raw HTTP/1.1 over a socket: exact control of what is sent, and a parser that
+# keeps the response headers as a list (duplicates and order preserved).
+# ---------------------------------------------------------------------------
+
+class Response:
+    def __init__(self, version, status, reason, headers, body):
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.headers = headers  # [(name, value)] in order, as received
+        self.body = body
+
+    def header_all(self, name):
+        name = name.lower()
+        return [v for (n, v) in self.headers if n.lower() == name]
+
+    def header(self, name):
+        values = self.header_all(name)
+        return values[0] if values else None
+
+    def has(self, name):
+        return bool(self.header_all(name))
+
+    def json(self):
+        return json.loads(self.body.decode("utf-8"))
+
+    @property
+    def replayed(self):
+        return (self.header("Idempotent-Replayed") or "").strip().lower() == "true"
+
+    @property
+    def charge_id(self):
+        return self.header("X-Charge-Id")
+
+    def __repr__(self):
+        return "<Response %d %r headers=%r body=%r>" % (
+            self.status, self.reason, self.headers, self.body[:300])
+
+
+class ConnectionClosed(Exception):
+    pass
+
+
+def build_request(method, path, headers=(), body=b"", chunked=False, host=None,
+                  add_length=True, version="HTTP/1.1"):
+    """The bytes of one request. Host and Content-Length are added unless the
+    caller sends them (or add_length=False); chunked=True sends body chunked."""
+    if isinstance(body, str):
+        body = body.encode()
+    headers = list(headers)
+    names = [n.lower() for (n, _) in headers]
+    if "host" not in names and host is not None:
+        headers.insert(0, ("Host", host))
+    if chunked:
+        if "transfer-encoding" not in names:
+            headers.append(("Transfer-Encoding", "chunked"))
+    elif add_length and "content-length" not in names and (body or method in ("POST", "PUT", "PATCH")):
+        headers.append(("Content-Length", str(len(body))))
+    out = ["%s %s %s\r\n" % (method, path, version)]
+    for n, v in headers:
+        out.append("%s: %s\r\n" % (n, v))
+    out.append("\r\n")
+    data = "".join(out).encode("latin-1")
+    if chunked:
+        step = 7
+        for i in range(0, len(body), step):
+            part = body[i:i + step]
+            data += b"%x\r\n%s\r\n" % (len(part), part)
+        data += b"0\r\n\r\n"
+    else:
+        data += body
+    return data
+
+
+class Conn:
+    """One client connection; several requests may be sent on it (keep-alive)."""
+
+    def __init__(self, port, host="127.0.0.1", timeout=15.0):
+        self.port = port
+        self.host = host
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.settimeout(timeout)
+        self.buf = b""
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _fill(self):
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionClosed("connection closed by peer")
+        self.buf += chunk
+
+    def _until(self, sep, limit=1 << 22):
+        while True:
+            i = self.buf.find(sep)
+            if i >= 0:
+                out, self.buf = self.buf[:i], self.buf[i + len(sep):]
+                return out
+            if len(self.buf) > limit:
+                raise ValueError("no %r within %d bytes" % (sep, limit))
+            self._fill()
+
+    def _exact(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _rest(self):
+        while True:
+            try:
+                self._fill()
+            except ConnectionClosed:
+                out, self.buf = self.buf, b""
+                return out
+
+    def read_response(self, method="POST"):
+        """Reads one final response (1xx interim responses are skipped)."""
+        while True:
+            head = self._until(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            version, _, rest = lines[0].partition(" ")
+            code, _, reason = rest.partition(" ")
+            status = int(code)
+            headers = []
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers.append((name, value.strip(" \t")))
+            if 100 <= status < 200:
+                continue
+            break
+        resp = Response(version, status, reason, headers, b"")
+        te = [t.strip().lower() for v in resp.header_all("Transfer-Encoding") for t in v.split(",")]
+        if method == "HEAD" or status in (204, 304):
+            return resp
+        if "chunked" in te:
+            parts = []
+            while True:
+                size = int(self._until(b"\r\n").split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self._until(b"\r\n"):
+                        pass
+                    break
+                parts.append(self._exact(size))
+                self._exact(2)
+            resp.body = b"".join(parts)
+        elif resp.has("Content-Length"):
+            resp.body = self._exact(int(resp.header("Content-Length")))
+        else:
+            resp.body = self._rest()
+        return resp
+
+    def request(self, method, path, headers=(), body=b"", chunked=False, **kw):
+        self.send(build_request(method, path, headers, body, chunked=chunked,
+                                host="%s:%d" % (self.host, self.port), **kw))
+        return self.read_response(method)
+
+    def is_closed(self, timeout=3.0):
+        """True when the peer closes (or resets) the connection within timeout
+        and sends nothing more."""
+        self.sock.settimeout(timeout)
+        if self.buf:
+            return False
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            return False
+        except (ConnectionResetError, ConnectionAbortedError):
+            return True
+        if data:
+            self.buf += data
+            return False
+        return True
+
+
+def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.0, **kw):
+    """One request on a fresh connection."""
+    with Conn(port, timeout=timeout) as c:
+        return c.request(method, path, headers, body, chunked=chunked, **kw)
+
+
+def raw_exchange(port, data, timeout=10.0):
+    """Sends raw bytes; returns (response or None, closed_afterwards)."""
+    with Conn(port, timeout=timeout) as c:
+        try:
+            c.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            resp = c.read_response()
+        except (ConnectionClosed, ConnectionResetError):
+            return None, True
+        return resp, c.is_closed()
+
+
+def wait_for(predicate, timeout=5.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def in_thread(fn, *args, **kwargs):
+    """Runs fn in a thread; returns a concurrent.futures.Future."""
+    fut = concurrent.futures.Future()
+
+    def run():
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            fut.set_exception(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    return fut
+
+
+# ---------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------
+
+class Upstream:
+    """tests/upstream/upstream.py in a child process."""
+
+    def __init__(self, workdir, name="upstream"):
+        self.workdir = workdir
+        self.port_file = os.path.join(workdir, name + ".port")
+        self.log_path = os.path.join(workdir, name + ".executions.jsonl")
+        self.stderr_path = os.path.join(workdir, name + ".stderr")
+        self.proc = None
+        self.port = None
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def start(self):
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, UPSTREAM_PY, "--listen", "127.0.0.1:0",
+                 "--port-file", self.port_file, "--log", self.log_path],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("upstream did not start: " + open(self.stderr_path).read())
+            time.sleep(0.01)
+        with open(self.port_file) as f:
+            self.port = int(f.read())
+        return self
+
+    def stop(self):
+        """SIGTERM; returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def _get(self, path):
+        return request(self.port, "GET", path).json()
+
+    def executions(self):
+        """{"total": N, "by_key": {key: count}}"""
+        return self._get("/__executions")
+
+    def total(self):
+        return self.executions()["total"]
+
+    def count(self, key):
+        return self._get("/__executions?key=" + urllib.parse.quote(key, safe=""))["count"]
+
+    def entries(self):
+        """Every execution, in order (dicts with key, method, path, charge_id...)."""
+        return self._get("/__executions?detail=1")["executions"]
+
+    def reset(self):
+        request(self.port, "POST", "/__reset")
+
+
+class Proxy:
+    """One idemproxy process: `idemproxy --config FILE`."""
+
+    def __init__(self, workdir, config, name, args=()):
+        self.workdir = workdir
+        self.config = json.loads(json.dumps(config))
+        self.name = name
+        self.args = list(args)
+        self.config_path = os.path.join(workdir, name + ".json")
+        self.stdout_path = os.path.join(workdir, name + ".stdout")
+        self.stderr_path = os.path.join(workdir, name + ".stderr")
+        self.proc = None
+        self.port = None
+        self.killed = False  # kill -9: no clean exit expected
+        self.stop_called = False  # the test stopped it (and checks the status)
+
+    def start(self, attempts=3):
+        for attempt in range(attempts):
+            self.port = free_port()
+            self.config["listen"] = "127.0.0.1:%d" % self.port
+            with open(self.config_path, "w") as f:
+                json.dump(self.config, f, indent=2)
+            out = open(self.stdout_path, "ab")
+            err = open(self.stderr_path, "ab")
+            try:
+                self.proc = subprocess.Popen([binary(), "--config", self.config_path] + self.args,
+                                             stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                             cwd=self.workdir)
+            finally:
+                out.close()
+                err.close()
+            if self._wait_listening():
+                return self
+            # Lost the port race, or the proxy refused to start: retry once
+            # with another port, then report its stderr.
+        raise RuntimeError("proxy %s did not start (exit %r): %s" % (
+            self.name, self.proc.returncode, self.stderr()))
+
+    def _wait_listening(self):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                time.sleep(0.02)
+        self.proc.kill()
+        self.proc.wait()
+        return False
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=STOP_TIMEOUT_S):
+        """SIGTERM and wait; returns the exit status (None: had to be killed)."""
+        if self.proc is None:
+            return None
+        self.stop_called = True
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process cannot drain
+            except ProcessLookupError:
+                pass
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return None
+        return self.proc.returncode
+
+    def kill9(self):
+        self.killed = True
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def sigstop(self):
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def sigcont(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stdout(self):
+        with open(self.stdout_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stderr(self):
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def access_log(self):
+        """The JSON access-log lines written to stdout so far."""
+        entries = []
+        for line in self.stdout().splitlines():
+            if line.strip():
+                entries.append(json.loads(line))
+        return entries
+
+    def wait_access_log(self, n, timeout=5.0):
+        """Waits until at least n access-log lines are written; returns them."""
+        wait_for(lambda: len(self.access_log()) >= n, timeout)
+        return self.access_log()
+
+    # Requests ---------------------------------------------------------------
+
+    def request(self, method, path, headers=(), body=b"", **kw):
+        return request(self.port, method, path, headers, body, **kw)
+
+    def conn(self, timeout=15.0):
+        return Conn(self.port, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------
+# The base test case
+# ---------------------------------------------------------------------------
+
+PAYMENT_BODY = b'{"amount":1000,"currency":"eur"}'
+
+
+class ProxyTestCase(unittest.TestCase):
+    """A temp dir, a running upstream, and helpers to run proxies against it."""
+
+    maxDiff = None
+
+    def setUp(self):
+        self.workdir = tempfile.mkdtemp(prefix="idemproxy-e2e-%s-" % self._testMethodName)
+        self.addCleanup(self._remove_workdir)
+        self.store_path = os.path.join(self.workdir, "store")
+        self.upstream = Upstream(self.workdir).start()
+        self.addCleanup(self._stop_upstream)
+        self.proxies = []
+
+    def tearDown(self):
+        problems = []
+        for p in self.proxies:
+            if p.killed or p.stop_called or p.proc is None:
+                continue
+            if p.proc.poll() is not None:
+                problems.append("proxy %s died during the test with status %r (stderr: %s)" % (
+                    p.name, p.proc.returncode, p.stderr()[-2000:]))
+                continue
+            rc = p.stop()
+            if rc != 0:
+                problems.append("proxy %s: SIGTERM exit status %r, expected 0 (stderr: %s)" % (
+                    p.name, rc, p.stderr()[-2000:]))
+        if problems:
+            self.fail("; ".join(problems))
+
+    def _stop_upstream(self):
+        rc = self.upstream.stop()
+        if rc != 0:
+            raise AssertionError("upstream exited with %r: %s" % (
+                rc, open(self.upstream.stderr_path).read()[-2000:]))
+
+    def _remove_workdir(self):
+        if os.environ.get("IDEMPROXY_E2E_KEEP"):
+            sys.stderr.write("kept %s\n" % self.workdir)
+            return
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # Configuration ----------------------------------------------------------
+
+    def route(self, **overrides):
+        """The payments route used by most scenarios: short lease and wait."""
+        r = {
+            "path": "/v1/payments",
+            "methods": ["POST", "PATCH"],
+            "scope": "payments",
+            "lease": "1s",
+            "heartbeat": "300ms",
+            "wait": "3s",
+        }
+        r.update(overrides)
+        return {k: v for (k, v) in r.items() if v is not None}
+
+    def config(self, routes=None, upstream_url=None, timeout="10s", store=None, **top):
+        cfg = {
+            "listen": "127.0.0.1:0",
+            "upstream": {
+                "url": upstream_url or self.upstream.url,
+                "connect_timeout": "2s",
+                "timeout": timeout,
+            },
+            "store": {"path": self.store_path, "durability": "sync", "map_size": "64MiB"},
+            "routes": routes if routes is not None else [self.route()],
+        }
+        if store:
+            cfg["store"].update(store)
+        cfg.update(top)
+        return cfg
+
+    def start_proxy(self, config=None, name=None, args=(), **route_overrides):
+        """Starts a proxy (default: config() with route(**route_overrides))."""
+        if config is None:
+            config = self.config(routes=[self.route(**route_overrides)])
+        name = name or "proxy%d" % (len(self.proxies) + 1)
+        p = Proxy(self.workdir, config, name, args)
+        self.proxies.append(p)
+        return p.start()
+
+    # Requests ---------------------------------------------------------------
+
+    def post(self, proxy, key=None, body=PAYMENT_BODY, headers=(), path="/v1/payments",
+             method="POST", content_type="application/json", **kw):
+        h = []
+        if content_type:
+            h.append(("Content-Type", content_type))
+        if key is not None:
+            h.append(("Idempotency-Key", key))
+        h.extend(headers)
+        return proxy.request(method, path, h, body, **kw)
+
+    # Assertions -------------------------------------------------------------
+
+    def assertProblem(self, resp, status):
+        """An error produced by the proxy: RFC 9457 problem+json."""
+        self.assertEqual(resp.status, status, resp)
+        ctype = (resp.header("Content-Type") or "").split(";")[0].strip().lower()
+        self.assertEqual(ctype, "application/problem+json", resp)
+        doc = resp.json()
+        self.assertIsInstance(doc, dict, resp)
+        for member in ("type", "title", "status", "detail"):
+            self.assertIn(member, doc, resp)
+        self.assertEqual(doc["status"], status, resp)
+        self.assertIsInstance(doc["type"], str)
+        self.assertIsInstance(doc["title"], str)
+        self.assertIsInstance(doc["detail"], str)
+        self.assertFalse(resp.has("X-Charge-Id"), "proxy error carries upstream headers: %r" % resp)
+        return doc
+
+    def assertRetryAfter(self, resp, minimum=1, maximum=None):
+        value = resp.header("Retry-After")
+        self.assertIsNotNone(value, "no Retry-After: %r" % resp)
+        self.assertTrue(value.strip().isdigit(), "Retry-After %r is not delta-seconds" % value)
+        seconds = int(value)
+        self.assertGreaterEqual(seconds, minimum, resp)
+        if maximum is not None:
+            self.assertLessEqual(seconds, maximum, resp)
+        return seconds
+
+    def assertExecuted(self, resp):
+        """A fresh upstream answer (not a replay)."""
+        self.assertEqual(resp.status, 201, resp)
+        self.assertFalse(resp.replayed, resp)
+        self.assertIsNotNone(resp.charge_id, resp)
+
+    def assertReplayOf(self, resp, first, strip=("set-cookie",)):
+        """resp replays first: same status, body byte for byte, the upstream's
+        end-to-end headers minus strip_headers, plus Idempotent-Replayed."""
+        self.assertEqual(resp.status, first.status, resp)
+        self.assertTrue(resp.replayed, "no Idempotent-Replayed: true in %r" % resp)
+        self.assertEqual(resp.body, first.body)
+        self.assertEqual(resp.charge_id, first.charge_id)
+        for name in ("Content-Type", "X-Charge-Id", "X-Upstream", "Date"):
+            if name.lower() in strip:
+                continue
+            self.assertEqual(resp.header_all(name), first.header_all(name),
+                             "header %s differs in the replay" % name)
+        for name in strip:
+            self.assertEqual(resp.header_all(name), [], "%s replayed: %r" % (name, resp))
