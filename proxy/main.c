@@ -1,0 +1,178 @@
+/*
+ * main.c - idemproxy's command line (CONTRACT.md section 5).
+ *
+ *   idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]
+ *   idemproxy --upstream URL             every default
+ *   idemproxy check-config FILE          validate, print the effective config
+ *   idemproxy --help | --version
+ *
+ * SIGTERM/SIGINT stop accepting and drain in-flight requests (their records
+ * completed or released) up to server.drain_timeout, then exit 0.
+ */
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "server.h"
+#include "store.h"
+
+static const char usage[] =
+    "usage: idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
+    "       idemproxy --upstream URL [--listen HOST:PORT] [--store PATH]\n"
+    "       idemproxy check-config FILE\n"
+    "       idemproxy --help | --version\n"
+    "\n"
+    "A reverse proxy that gives an HTTP API Idempotency-Key semantics: the first\n"
+    "request with a key is forwarded and its response stored; duplicates get the\n"
+    "stored response without reaching the upstream. See README.md.\n"
+    "\n"
+    "  --config FILE      JSON configuration (see README.md, Configuration)\n"
+    "  --listen ADDR      listen address, overrides \"listen\" (default 127.0.0.1:8080)\n"
+    "  --upstream URL     upstream base URL, overrides \"upstream\"\n"
+    "  --store PATH       LMDB store directory, overrides \"store.path\"\n"
+    "  check-config FILE  validate FILE and print the effective configuration\n";
+
+static int check_config(const char *path)
+{
+    char err[512];
+    struct config *cfg = NULL;
+    char *dump = NULL;
+    int rc = 1;
+
+    if (config_load_file(path, &cfg, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        goto out;
+    }
+    /* A file without "upstream" is still a valid file: it can come from
+     * --upstream. Say so rather than fail. */
+    if (config_validate(cfg, err, sizeof(err)) != 0 && cfg->upstream.url != NULL) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        goto out;
+    }
+    dump = config_dump(cfg);
+    if (dump == NULL) {
+        fprintf(stderr, "idemproxy: out of memory\n");
+        goto out;
+    }
+    printf("%s\n", dump);
+    if (cfg->upstream.url == NULL)
+        fprintf(stderr, "idemproxy: note: no upstream set; give one with --upstream\n");
+    rc = 0;
+out:
+    free(dump);
+    config_free(cfg);
+    return rc;
+}
+
+static int run(const char *config_path, const char *listen, const char *upstream,
+               const char *store_path)
+{
+    char err[512];
+    struct config *cfg = NULL;
+    struct store *st = NULL;
+    struct proxy_server *srv = NULL;
+    sigset_t set;
+    int sig = 0;
+    int rc = 1;
+
+    if (config_path != NULL)
+        rc = config_load_file(config_path, &cfg, err, sizeof(err));
+    else
+        rc = config_new_default(&cfg, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    if (config_override(cfg, listen, upstream, store_path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    {
+        struct store_options so = {
+            .path = cfg->store.path,
+            .map_size_bytes = cfg->store.map_size_bytes,
+            .sync = cfg->store.durability == CONFIG_DURABILITY_SYNC,
+            .clock = NULL,
+        };
+        if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
+            fprintf(stderr, "idemproxy: store %s: %s\n", cfg->store.path, err);
+            rc = 1;
+            goto out;
+        }
+    }
+    /* Signals are taken by sigwait() below, never by a worker. */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (proxy_server_start(cfg, st, &srv, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    while (sigwait(&set, &sig) != 0)
+        ;
+    fprintf(stderr, "idemproxy: %s: draining\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    proxy_server_stop(srv);
+    proxy_server_join(srv);
+    fprintf(stderr, "idemproxy: stopped\n");
+    rc = 0;
+out:
+    store_close(st);
+    config_free(cfg);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config_path = NULL, *listen = NULL, *upstream = NULL, *store_path = NULL;
+    int rc;
+
+    if (argc >= 2 && strcmp(argv[1], "check-config") == 0) {
+        if (argc != 3) {
+            fputs(usage, stderr);
+            return 2;
+        }
+        return check_config(argv[2]);
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("idemproxy %s\n", IDEM_VERSION);
+            return 0;
+        }
+        if (strcmp(a, "--config") == 0)
+            slot = &config_path;
+        else if (strcmp(a, "--listen") == 0)
+            slot = &listen;
+        else if (strcmp(a, "--upstream") == 0)
+            slot = &upstream;
+        else if (strcmp(a, "--store") == 0)
+            slot = &store_path;
+        if (slot == NULL || i + 1 >= argc) {
+            fprintf(stderr, "idemproxy: %s: %s\n%s", a,
+                    slot ? "needs a value" : "unknown option", usage);
+            return 2;
+        }
+        *slot = argv[++i];
+    }
+    if (config_path == NULL && upstream == NULL) {
+        fprintf(stderr, "idemproxy: give --config FILE or --upstream URL\n%s", usage);
+        return 2;
+    }
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    rc = run(config_path, listen, upstream, store_path);
+    curl_global_cleanup();
+    return rc;
+}

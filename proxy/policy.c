@@ -1,0 +1,559 @@
+/*
+ * policy.c - pure decisions and encodings of the proxy (see policy.h).
+ */
+#include "policy.h"
+
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- header lists ---------------------------------------------------- */
+
+int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
+                      const char *value, size_t value_len)
+{
+    int rc = -1;
+    char *n = NULL;
+    char *v = NULL;
+
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 16;
+        struct idem_header *nv = realloc(h->v, cap * sizeof(*nv));
+        if (nv == NULL)
+            goto out;
+        h->v = nv;
+        h->cap = cap;
+    }
+    n = malloc(name_len + 1);
+    v = malloc(value_len + 1);
+    if (n == NULL || v == NULL)
+        goto out;
+    memcpy(n, name, name_len);
+    n[name_len] = '\0';
+    if (value_len > 0)
+        memcpy(v, value, value_len);
+    v[value_len] = '\0';
+    h->v[h->n].name = n;
+    h->v[h->n].name_len = name_len;
+    h->v[h->n].value = v;
+    h->v[h->n].value_len = value_len;
+    h->n++;
+    h->bytes += name_len + value_len;
+    n = NULL;
+    v = NULL;
+    rc = 0;
+out:
+    free(n);
+    free(v);
+    return rc;
+}
+
+void idem_headers_clear(struct idem_headers *h)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        free(h->v[i].name);
+        free(h->v[i].value);
+    }
+    free(h->v);
+    memset(h, 0, sizeof(*h));
+}
+
+const struct idem_header *idem_headers_find(const struct idem_headers *h, const char *name)
+{
+    for (size_t i = 0; i < h->n; i++)
+        if (strcasecmp(h->v[i].name, name) == 0)
+            return &h->v[i];
+    return NULL;
+}
+
+size_t idem_headers_count(const struct idem_headers *h, const char *name)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < h->n; i++)
+        if (strcasecmp(h->v[i].name, name) == 0)
+            count++;
+    return count;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int idem_headers_encode(const struct idem_headers *h, uint8_t **out, size_t *out_len)
+{
+    size_t len = 0;
+    uint8_t *buf = NULL;
+    uint8_t *p;
+
+    *out = NULL;
+    *out_len = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        if (h->v[i].name_len > UINT32_MAX || h->v[i].value_len > UINT32_MAX)
+            return -1;
+        len += 8 + h->v[i].name_len + h->v[i].value_len;
+    }
+    if (len == 0)
+        return 0;
+    buf = malloc(len);
+    if (buf == NULL)
+        return -1;
+    p = buf;
+    for (size_t i = 0; i < h->n; i++) {
+        put_u32(p, (uint32_t)h->v[i].name_len);
+        memcpy(p + 4, h->v[i].name, h->v[i].name_len);
+        p += 4 + h->v[i].name_len;
+        put_u32(p, (uint32_t)h->v[i].value_len);
+        memcpy(p + 4, h->v[i].value, h->v[i].value_len);
+        p += 4 + h->v[i].value_len;
+    }
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+int idem_headers_decode(const void *buf, size_t len, struct idem_headers *out)
+{
+    const uint8_t *p = buf;
+    size_t off = 0;
+
+    while (off < len) {
+        uint32_t nl, vl;
+        const uint8_t *name;
+        if (len - off < 4)
+            return -1;
+        nl = get_u32(p + off);
+        off += 4;
+        if (nl == 0 || len - off < nl)
+            return -1;
+        name = p + off;
+        off += nl;
+        if (len - off < 4)
+            return -1;
+        vl = get_u32(p + off);
+        off += 4;
+        if (len - off < vl)
+            return -1;
+        if (memchr(name, '\0', nl) != NULL || memchr(p + off, '\0', vl) != NULL)
+            return -1;
+        if (idem_headers_push(out, (const char *)name, nl, (const char *)(p + off), vl) != 0)
+            return -1;
+        off += vl;
+    }
+    return 0;
+}
+
+/* ---- Idempotency-Key ----------------------------------------------- */
+
+enum idem_key_status idem_key_parse(const char *raw, size_t raw_len, size_t max_len, char *out,
+                                    size_t *out_len)
+{
+    size_t n = 0;
+
+    *out_len = 0;
+    if (raw_len == 0)
+        return IDEM_KEY_EMPTY;
+    if (raw[0] == '"') {
+        /* RFC 8941 section 3.3.3: sf-string = DQUOTE *chr DQUOTE, where
+         * chr is a printable ASCII char other than \ and ", or \" or \\. */
+        size_t i = 1;
+        for (;;) {
+            unsigned char c;
+            if (i >= raw_len)
+                return IDEM_KEY_BAD_QUOTING;
+            c = (unsigned char)raw[i];
+            if (c == '"') {
+                i++;
+                break;
+            }
+            if (c == '\\') {
+                if (i + 1 >= raw_len)
+                    return IDEM_KEY_BAD_QUOTING;
+                c = (unsigned char)raw[i + 1];
+                if (c != '"' && c != '\\')
+                    return IDEM_KEY_BAD_QUOTING;
+                i++;
+            } else if (c < 0x20 || c > 0x7e) {
+                return IDEM_KEY_BAD_CHAR;
+            } else if (c == ' ') {
+                /* A valid sf-string char, but not a visible one. */
+                return IDEM_KEY_BAD_CHAR;
+            }
+            if (n >= max_len)
+                return IDEM_KEY_TOO_LONG;
+            out[n++] = (char)c;
+            i++;
+        }
+        if (i != raw_len)
+            return IDEM_KEY_BAD_QUOTING; /* parameters or trailing garbage */
+    } else {
+        for (size_t i = 0; i < raw_len; i++) {
+            unsigned char c = (unsigned char)raw[i];
+            if (c < 0x21 || c > 0x7e)
+                return IDEM_KEY_BAD_CHAR;
+            if (c == '"')
+                return IDEM_KEY_BAD_QUOTING;
+            if (n >= max_len)
+                return IDEM_KEY_TOO_LONG;
+            out[n++] = (char)c;
+        }
+    }
+    if (n == 0)
+        return IDEM_KEY_EMPTY;
+    *out_len = n;
+    return IDEM_KEY_OK;
+}
+
+const char *idem_key_status_text(enum idem_key_status s)
+{
+    switch (s) {
+    case IDEM_KEY_OK:
+        return "ok";
+    case IDEM_KEY_EMPTY:
+        return "the Idempotency-Key is empty";
+    case IDEM_KEY_TOO_LONG:
+        return "the Idempotency-Key is longer than this route allows";
+    case IDEM_KEY_BAD_CHAR:
+        return "the Idempotency-Key holds characters outside visible ASCII";
+    case IDEM_KEY_BAD_QUOTING:
+        return "the Idempotency-Key is neither a token nor a valid quoted string";
+    }
+    return "invalid Idempotency-Key";
+}
+
+static void hex_encode(const uint8_t *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+void idem_key_loghash(const char *scope, const char *key, size_t key_len, char out[9])
+{
+    uint8_t digest[STORE_KEY_BYTES];
+    store_key_derive(scope, strlen(scope), key, key_len, digest);
+    hex_encode(digest, 4, out);
+}
+
+/* ---- fingerprint ------------------------------------------------------ */
+
+bool idem_is_json_media_type(const char *ct)
+{
+    size_t len;
+    const char *semi;
+
+    if (ct == NULL)
+        return false;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    semi = strchr(ct, ';');
+    len = semi ? (size_t)(semi - ct) : strlen(ct);
+    while (len > 0 && (ct[len - 1] == ' ' || ct[len - 1] == '\t'))
+        len--;
+    if (len == 16 && strncasecmp(ct, "application/json", 16) == 0)
+        return true;
+    return len > 5 && memchr(ct, '/', len) != NULL && strncasecmp(ct + len - 5, "+json", 5) == 0;
+}
+
+/* Canonical JSON: sorted keys, compact. NULL when the body is not JSON. */
+static char *canonical_json(const void *body, size_t len, size_t *out_len)
+{
+    json_error_t jerr;
+    json_t *j;
+    char *s;
+
+    j = json_loadb(body, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    if (j == NULL)
+        return NULL;
+    s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    json_decref(j);
+    if (s != NULL)
+        *out_len = strlen(s);
+    return s;
+}
+
+int idem_fingerprint(const char *method, const char *target, size_t target_len,
+                     const char *content_type, const void *body, size_t body_len,
+                     enum config_fingerprint mode, uint8_t out[STORE_FINGERPRINT_BYTES])
+{
+    int rc = -1;
+    EVP_MD_CTX *ctx = NULL;
+    char *canon = NULL;
+    size_t canon_len = 0;
+    unsigned int dlen = 0;
+    const uint8_t sep = 0;
+
+    if (mode == CONFIG_FINGERPRINT_AUTO && body_len > 0 && idem_is_json_media_type(content_type))
+        canon = canonical_json(body, body_len, &canon_len);
+    ctx = EVP_MD_CTX_new();
+    if (ctx == NULL)
+        goto out;
+    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
+        goto out;
+    /* NUL separators: a method or target never holds NUL, so the fields
+     * cannot run into each other. */
+    if (EVP_DigestUpdate(ctx, method, strlen(method)) != 1 ||
+        EVP_DigestUpdate(ctx, &sep, 1) != 1 || EVP_DigestUpdate(ctx, target, target_len) != 1 ||
+        EVP_DigestUpdate(ctx, &sep, 1) != 1)
+        goto out;
+    if (canon != NULL) {
+        if (EVP_DigestUpdate(ctx, canon, canon_len) != 1)
+            goto out;
+    } else if (body_len > 0) {
+        if (EVP_DigestUpdate(ctx, body, body_len) != 1)
+            goto out;
+    }
+    if (EVP_DigestFinal_ex(ctx, out, &dlen) != 1 || dlen != STORE_FINGERPRINT_BYTES)
+        goto out;
+    rc = 0;
+out:
+    free(canon);
+    EVP_MD_CTX_free(ctx);
+    return rc;
+}
+
+int idem_scope_build(const struct config_route *route, const char *header_value,
+                     size_t header_len, char **out, size_t *out_len)
+{
+    size_t slen = strlen(route->scope);
+    size_t len = slen;
+    char *buf;
+
+    if (route->scope_header != NULL)
+        len += 1 + 2 * SHA256_DIGEST_LENGTH;
+    buf = malloc(len + 1);
+    if (buf == NULL)
+        return -1;
+    memcpy(buf, route->scope, slen);
+    if (route->scope_header != NULL) {
+        uint8_t digest[SHA256_DIGEST_LENGTH];
+        SHA256((const unsigned char *)header_value, header_len, digest);
+        buf[slen] = '\0';
+        hex_encode(digest, SHA256_DIGEST_LENGTH, buf + slen + 1);
+    }
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+/* ---- header filters --------------------------------------------------- */
+
+bool idem_header_is_hop_by_hop(const char *name)
+{
+    static const char *const fixed[] = {"Connection", "Keep-Alive", "TE",      "Trailer",
+                                        "Trailers",   "Transfer-Encoding", "Upgrade",
+                                        "Proxy-Connection"};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        if (strcasecmp(name, fixed[i]) == 0)
+            return true;
+    return strncasecmp(name, "Proxy-", 6) == 0;
+}
+
+bool idem_header_named_by_connection(const struct idem_headers *h, const char *name)
+{
+    size_t nlen = strlen(name);
+    for (size_t i = 0; i < h->n; i++) {
+        const char *p;
+        if (strcasecmp(h->v[i].name, "Connection") != 0)
+            continue;
+        p = h->v[i].value;
+        while (*p != '\0') {
+            const char *start;
+            size_t len;
+            while (*p == ' ' || *p == '\t' || *p == ',')
+                p++;
+            start = p;
+            while (*p != '\0' && *p != ',')
+                p++;
+            len = (size_t)(p - start);
+            while (len > 0 && (start[len - 1] == ' ' || start[len - 1] == '\t'))
+                len--;
+            if (len == nlen && len > 0 && strncasecmp(start, name, len) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+static bool has_ctl_break(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0')
+            return true;
+    return false;
+}
+
+static bool is_token(const char *s, size_t len)
+{
+    static const char extra[] = "!#$%&'*+-.^_`|~";
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c != '\0' && strchr(extra, c) != NULL)))
+            return false;
+    }
+    return true;
+}
+
+int idem_filter_request_headers(const struct idem_headers *in,
+                                const struct idem_forward_info *info, struct idem_headers *out)
+{
+    static const char *const dropped[] = {"Host",
+                                          "Content-Length",
+                                          "Expect",
+                                          "X-Forwarded-For",
+                                          "X-Forwarded-Proto",
+                                          "X-Forwarded-Host",
+                                          "Forwarded"};
+    const struct idem_header *host = NULL;
+
+    for (size_t i = 0; i < in->n; i++) {
+        const struct idem_header *hd = &in->v[i];
+        bool drop = false;
+        if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
+            return -1;
+        if (strcasecmp(hd->name, "Host") == 0 && host == NULL)
+            host = hd;
+        for (size_t k = 0; k < sizeof(dropped) / sizeof(dropped[0]) && !drop; k++)
+            drop = strcasecmp(hd->name, dropped[k]) == 0;
+        if (drop || idem_header_is_hop_by_hop(hd->name) ||
+            idem_header_named_by_connection(in, hd->name))
+            continue;
+        if (idem_headers_push(out, hd->name, hd->name_len, hd->value, hd->value_len) != 0)
+            return -2;
+    }
+    if (info->client_addr != NULL && info->client_addr[0] != '\0' &&
+        !has_ctl_break(info->client_addr, strlen(info->client_addr))) {
+        if (idem_headers_push(out, "X-Forwarded-For", 15, info->client_addr,
+                              strlen(info->client_addr)) != 0)
+            return -2;
+    }
+    if (idem_headers_push(out, "X-Forwarded-Proto", 17, info->proto, strlen(info->proto)) != 0)
+        return -2;
+    if (host != NULL && host->value_len > 0) {
+        if (idem_headers_push(out, "X-Forwarded-Host", 16, host->value, host->value_len) != 0)
+            return -2;
+    }
+    return 0;
+}
+
+static bool in_strip_list(const struct config_route *route, const char *name)
+{
+    for (size_t i = 0; i < route->n_strip_headers; i++)
+        if (strcasecmp(route->strip_headers[i], name) == 0)
+            return true;
+    return false;
+}
+
+int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
+                                 struct idem_headers *out)
+{
+    for (size_t i = 0; i < in->n; i++) {
+        const struct idem_header *hd = &in->v[i];
+        if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
+            continue;
+        /* MHD frames the body itself (RFC 9112 section 6): the upstream's
+         * framing headers describe a different message. */
+        if (strcasecmp(hd->name, "Content-Length") == 0 ||
+            idem_header_is_hop_by_hop(hd->name) || idem_header_named_by_connection(in, hd->name))
+            continue;
+        if (strcasecmp(hd->name, "Idempotent-Replayed") == 0)
+            continue;
+        if (strip != NULL && in_strip_list(strip, hd->name))
+            continue;
+        if (idem_headers_push(out, hd->name, hd->name_len, hd->value, hd->value_len) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- decisions --------------------------------------------------------- */
+
+enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
+                                           const uint8_t fingerprint[STORE_FINGERPRINT_BYTES],
+                                           int64_t now_ms)
+{
+    bool same;
+
+    if (rec->state == STORE_STATE_ABSENT)
+        return IDEM_LOOKUP_ACQUIRE;
+    same = memcmp(rec->fingerprint, fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+    if (rec->state == STORE_STATE_COMPLETE) {
+        /* Seed: an expired COMPLETE record is treated as absent. */
+        if (rec->expires_ms <= now_ms)
+            return IDEM_LOOKUP_ACQUIRE;
+        return same ? IDEM_LOOKUP_REPLAY : IDEM_LOOKUP_MISMATCH;
+    }
+    /* IN_PROGRESS with an expired lease is stealable. */
+    if (rec->lease_expires_ms <= now_ms)
+        return IDEM_LOOKUP_ACQUIRE;
+    return same ? IDEM_LOOKUP_BUSY : IDEM_LOOKUP_MISMATCH;
+}
+
+enum idem_record_action idem_decide_record(const struct config_route *route,
+                                           enum idem_upstream_result result, int status)
+{
+    switch (result) {
+    case IDEM_UPSTREAM_RESPONSE:
+        if (status >= 0 && status < 600 && route->release_on[status])
+            return IDEM_RECORD_RELEASE;
+        return IDEM_RECORD_COMPLETE;
+    case IDEM_UPSTREAM_NOT_SENT:
+        return IDEM_RECORD_RELEASE;
+    case IDEM_UPSTREAM_TIMEOUT:
+    case IDEM_UPSTREAM_BROKEN:
+    case IDEM_UPSTREAM_TOO_LARGE:
+        return route->on_unknown == CONFIG_ON_UNKNOWN_COMPLETE ? IDEM_RECORD_COMPLETE
+                                                               : IDEM_RECORD_RELEASE;
+    }
+    return IDEM_RECORD_RELEASE;
+}
+
+long idem_retry_after_seconds(int64_t lease_expires_ms, int64_t now_ms)
+{
+    int64_t left = lease_expires_ms - now_ms;
+    long s;
+    if (left <= 0)
+        return 1;
+    s = (long)((left + 999) / 1000);
+    return s < 1 ? 1 : s;
+}
+
+/* ---- problem+json ------------------------------------------------------ */
+
+char *idem_problem_json(int status, const char *slug, const char *title, const char *detail,
+                        size_t *out_len)
+{
+    char type[128];
+    json_t *j;
+    char *s = NULL;
+
+    snprintf(type, sizeof(type), "urn:idemproxy:problem:%s", slug);
+    j = json_pack("{s:s, s:s, s:i, s:s}", "type", type, "title", title, "status", status,
+                  "detail", detail);
+    if (j == NULL)
+        return NULL;
+    s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (s != NULL && out_len != NULL)
+        *out_len = strlen(s);
+    return s;
+}

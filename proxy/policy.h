@@ -1,0 +1,177 @@
+/*
+ * policy.h - the pure part of the proxy: everything that decides, with no
+ * I/O, so it is unit-tested and fuzzed without sockets.
+ *
+ *   - Idempotency-Key parsing (bare token or RFC 8941 sf-string);
+ *   - the request fingerprint (SHA-256 over method, target and body, JSON
+ *     bodies canonicalised under fingerprint "auto");
+ *   - the header filters that build the upstream request and the stored
+ *     response (hop-by-hop handling, RFC 9110 section 7.6.1);
+ *   - the decision tables: what a looked-up record means for a request, and
+ *     what an upstream result does to the record (CONTRACT.md section 3);
+ *   - the binary header-list encoding stored with a COMPLETE record;
+ *   - problem+json bodies (RFC 9457).
+ *
+ * All functions are thread-safe. Ownership is stated per function.
+ */
+#ifndef IDEM_POLICY_H
+#define IDEM_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "store.h"
+
+/* ---- header lists ---------------------------------------------------- */
+
+struct idem_header {
+    char *name; /* owned, NUL-terminated, may not contain NUL */
+    size_t name_len;
+    char *value; /* owned, NUL-terminated */
+    size_t value_len;
+};
+
+/* A growable list that owns its strings. Zero-initialise, then push. */
+struct idem_headers {
+    struct idem_header *v;
+    size_t n;
+    size_t cap;
+    size_t bytes; /* sum of name and value lengths, for caps */
+};
+
+int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
+                      const char *value, size_t value_len);
+/* Frees the strings and the array; the list is empty and reusable after. */
+void idem_headers_clear(struct idem_headers *h);
+/* First header with that name (case-insensitive), or NULL. */
+const struct idem_header *idem_headers_find(const struct idem_headers *h, const char *name);
+size_t idem_headers_count(const struct idem_headers *h, const char *name);
+
+/* Stored form: for each header u32le name_len, name, u32le value_len, value.
+ * encode returns a malloc'd buffer (caller frees; *out may be NULL when
+ * empty). decode appends to *out and rejects malformed input (-1). */
+int idem_headers_encode(const struct idem_headers *h, uint8_t **out, size_t *out_len);
+int idem_headers_decode(const void *buf, size_t len, struct idem_headers *out);
+
+/* ---- Idempotency-Key ----------------------------------------------- */
+
+enum idem_key_status {
+    IDEM_KEY_OK = 0,
+    IDEM_KEY_EMPTY,
+    IDEM_KEY_TOO_LONG,
+    IDEM_KEY_BAD_CHAR, /* outside visible ASCII (0x21-0x7e) */
+    IDEM_KEY_BAD_QUOTING,
+};
+
+/*
+ * Parses one Idempotency-Key field value (already stripped of surrounding
+ * OWS): `"abc"` (an sf-string, draft-ietf-httpapi-idempotency-key-header
+ * section 2, with \" and \\ escapes) and bare `abc` both give the key abc.
+ * The key is written to out (at least max_len bytes); *out_len its length.
+ */
+enum idem_key_status idem_key_parse(const char *raw, size_t raw_len, size_t max_len, char *out,
+                                    size_t *out_len);
+const char *idem_key_status_text(enum idem_key_status s);
+
+/* A short, non-reversible hash of a key for logs: 8 hex chars + NUL. */
+void idem_key_loghash(const char *scope, const char *key, size_t key_len, char out[9]);
+
+/* ---- fingerprint ------------------------------------------------------ */
+
+/* True for application/json and any +json media type (parameters ignored). */
+bool idem_is_json_media_type(const char *content_type);
+
+/* SHA-256 over method, target (path with query) and body. With mode AUTO and
+ * a JSON media type, a body that parses as JSON is canonicalised first
+ * (sorted keys, compact); one that does not is hashed as sent. */
+int idem_fingerprint(const char *method, const char *target, size_t target_len,
+                     const char *content_type, const void *body, size_t body_len,
+                     enum config_fingerprint mode, uint8_t out[STORE_FINGERPRINT_BYTES]);
+
+/* The scope of a request: route scope, plus "\0" and SHA-256 hex of the
+ * scope_header value when the route sets one (the value is never stored).
+ * Writes a malloc'd buffer to *out (caller frees). */
+int idem_scope_build(const struct config_route *route, const char *header_value,
+                     size_t header_len, char **out, size_t *out_len);
+
+/* ---- header filters --------------------------------------------------- */
+
+/* True for the fixed hop-by-hop names (Connection, Keep-Alive, Proxy-*, TE,
+ * Trailer, Transfer-Encoding, Upgrade). */
+bool idem_header_is_hop_by_hop(const char *name);
+/* True when name is one of the comma-separated tokens of the Connection
+ * header values in h (which the sender declares hop-by-hop). */
+bool idem_header_named_by_connection(const struct idem_headers *h, const char *name);
+
+struct idem_forward_info {
+    const char *client_addr; /* textual client IP */
+    const char *proto;       /* "http" */
+};
+
+/*
+ * Builds the upstream request headers from the client's: drops hop-by-hop
+ * ones and those Connection names, Host, Content-Length, Expect and any
+ * client-sent X-Forwarded-*; adds exactly one X-Forwarded-For (the client
+ * address: a client cannot forge the chain), X-Forwarded-Proto and
+ * X-Forwarded-Host (the client's Host). Never emits a name or value holding
+ * CR, LF or NUL: returns -1 when a client header holds one (the caller
+ * answers 400). out is appended to; caller clears it.
+ */
+int idem_filter_request_headers(const struct idem_headers *in,
+                                const struct idem_forward_info *info, struct idem_headers *out);
+
+/*
+ * Filters upstream response headers for the client (drops hop-by-hop ones,
+ * those Connection names, Content-Length and Date-independent framing) and,
+ * when strip is non-NULL, also the route's strip_headers (for the stored
+ * copy). Values with CR/LF/NUL are dropped. out is appended to.
+ */
+int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
+                                 struct idem_headers *out);
+
+/* ---- decisions --------------------------------------------------------- */
+
+/* What a record found by a read means for a keyed request. */
+enum idem_lookup_action {
+    IDEM_LOOKUP_ACQUIRE,  /* absent, expired or stealable: ask the writer */
+    IDEM_LOOKUP_REPLAY,   /* COMPLETE, same fingerprint */
+    IDEM_LOOKUP_BUSY,     /* live IN_PROGRESS, same fingerprint */
+    IDEM_LOOKUP_MISMATCH, /* live record, other fingerprint: 422 */
+};
+
+enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
+                                           const uint8_t fingerprint[STORE_FINGERPRINT_BYTES],
+                                           int64_t now_ms);
+
+/* How an upstream exchange ended. */
+enum idem_upstream_result {
+    IDEM_UPSTREAM_RESPONSE,    /* a complete response arrived */
+    IDEM_UPSTREAM_NOT_SENT,    /* refused/unreachable: nothing was sent (502) */
+    IDEM_UPSTREAM_TIMEOUT,     /* outcome unknown (504) */
+    IDEM_UPSTREAM_BROKEN,      /* connection lost / bad reply after sending (502) */
+    IDEM_UPSTREAM_TOO_LARGE,   /* response over max_response (502) */
+};
+
+enum idem_record_action {
+    IDEM_RECORD_COMPLETE, /* store the response as the key's result */
+    IDEM_RECORD_RELEASE,  /* delete the record: a retry runs afresh */
+};
+
+/* release_on for responses; on_unknown for timeouts and broken exchanges;
+ * NOT_SENT always releases (nothing ran). */
+enum idem_record_action idem_decide_record(const struct config_route *route,
+                                           enum idem_upstream_result result, int status);
+
+/* Seconds for Retry-After given a holder's lease expiry: at least 1. */
+long idem_retry_after_seconds(int64_t lease_expires_ms, int64_t now_ms);
+
+/* ---- problem+json ------------------------------------------------------ */
+
+/* A malloc'd RFC 9457 body {"type","title","status","detail"}; NULL on OOM.
+ * slug names the problem type ("urn:idemproxy:problem:<slug>"). */
+char *idem_problem_json(int status, const char *slug, const char *title, const char *detail,
+                        size_t *out_len);
+
+#endif

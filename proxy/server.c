@@ -1,0 +1,1858 @@
+/*
+ * server.c - worker event loops: libmicrohttpd (external epoll) + libcurl
+ * multi + the store writer. See server.h for the shape, policy.h for the
+ * decisions, CONTRACT.md section 3 for the behaviour.
+ *
+ * A request's life (all on its worker's thread):
+ *
+ *   uri log callback   allocate struct request with the raw target
+ *   handler, 1st call  headers: framing checks, route, key, scope, 413 by
+ *                      Content-Length; errors answered at once (close)
+ *   handler, body      copied up to max_body
+ *   handler, last      not covered/no key: forward. Keyed: read the record
+ *                      (no writer): replay / 422 / wait or 409 / acquire
+ *   ACQUIRING          acquire op queued to the writer; suspended
+ *   WAITING            a duplicate of a live IN_PROGRESS record; woken by a
+ *                      complete/release in this process, or polls (backoff)
+ *   UPSTREAM           curl transfer; the lease is extended by heartbeats
+ *   FINISHING          complete/release op queued; answered only after the
+ *                      writer committed it (durable before the client hears)
+ *   RESPOND            resumed; the handler queues the response
+ */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "policy.h"
+#include "writer.h"
+
+#define TICK_MS 10
+#define IDLE_TICK_MS 1000
+#define POLL_MIN_MS 10
+#define POLL_MAX_MS 200
+#define LOG_FLUSH_BYTES 32768
+#define MAX_EVENTS 128
+
+enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL };
+
+struct ep_tag {
+    enum ep_kind kind;
+    int fd;
+};
+
+enum req_state {
+    RS_HEADERS = 0, /* created; first handler call not seen yet */
+    RS_BODY,
+    RS_ACQUIRING,
+    RS_WAITING,
+    RS_UPSTREAM,
+    RS_FINISHING,
+    RS_RESPOND,
+    RS_DONE,
+};
+
+struct worker;
+
+struct request {
+    struct worker *w;
+    struct MHD_Connection *conn;
+    struct request *prev, *next; /* worker's active (suspended) list */
+    bool active;
+
+    char *target; /* raw request target (path and query) */
+    size_t target_len;
+    size_t path_len; /* up to '?' */
+    char *method;
+    bool http10;
+    struct idem_headers headers;
+    const struct config_route *route;
+    bool keyed;
+    char *key;
+    size_t key_len;
+    char *scope;
+    size_t scope_len;
+    char keyhash[9];
+    uint8_t record_key[STORE_KEY_BYTES];
+    uint8_t fingerprint[STORE_FINGERPRINT_BYTES];
+
+    /* rejection found in the headers, answered at the end of the body */
+    int reject_status;
+
+    uint8_t *body;
+    size_t body_len, body_cap;
+    bool body_too_large;
+    size_t body_discarded;
+
+    enum req_state state;
+    bool suspended;
+    bool mhd_done;
+
+    struct writer_job job;
+    bool job_pending;
+    struct writer_job hb_job;
+    bool hb_pending;
+    int64_t next_hb_ms;
+    bool lease_lost;
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+
+    int64_t wait_deadline_ms;
+    int64_t next_poll_ms;
+    int64_t poll_step_ms;
+    int64_t holder_lease_expires_ms;
+    bool counted_waiting;
+
+    CURL *easy;
+    struct curl_slist *curl_headers;
+    struct idem_headers resp_headers;
+    int resp_status;
+    uint8_t *resp_body;
+    size_t resp_len, resp_cap;
+    bool resp_too_large;
+    int64_t upstream_start_ms;
+    double upstream_ms;
+
+    /* the answer the client gets once the record is settled */
+    struct MHD_Response *response;
+    int response_status;
+    const char *outcome;
+    /* the payload to store (complete) */
+    uint8_t *store_headers;
+    size_t store_headers_len;
+
+    int64_t start_ms;
+};
+
+struct inbox_key {
+    uint8_t key[STORE_KEY_BYTES];
+    struct inbox_key *next;
+};
+
+struct worker {
+    struct proxy_server *srv;
+    int index;
+    pthread_t thread;
+    int epfd;
+    int evfd;
+    int listen_fd;
+    struct MHD_Daemon *mhd;
+    CURLM *multi;
+    int64_t curl_deadline_ms; /* monotonic; -1 = none */
+    struct ep_tag mhd_tag, inbox_tag;
+
+    pthread_mutex_t inbox_lock;
+    struct writer_job *inbox_jobs;
+    struct inbox_key *inbox_keys;
+
+    struct request *active;
+    size_t n_active;
+    size_t n_requests; /* allocated and not yet freed */
+    bool draining;
+    int64_t drain_deadline_ms;
+    bool mhd_pending; /* a connection was resumed: run MHD */
+
+    char *logbuf;
+    size_t loglen;
+};
+
+struct proxy_server {
+    const struct config *cfg;
+    struct store *store;
+    struct writer *writer;
+    struct worker *workers;
+    unsigned n_workers;
+    atomic_int stopping;
+    atomic_int n_waiting;
+    char *upstream_base; /* upstream URL without trailing slash */
+};
+
+/* ---- clocks ------------------------------------------------------------ */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double mono_ms_f(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The store's clock: leases and TTLs are wall-clock times shared between
+ * processes. */
+static int64_t real_ms(void)
+{
+    return store_clock_realtime.now_ms(store_clock_realtime.ctx);
+}
+
+/* ---- access log ------------------------------------------------------- */
+
+static void log_flush(struct worker *w)
+{
+    size_t off = 0;
+    while (off < w->loglen) {
+        ssize_t n = write(STDOUT_FILENO, w->logbuf + off, w->loglen - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break; /* stdout gone: drop the log rather than the request */
+        off += (size_t)n;
+    }
+    w->loglen = 0;
+}
+
+static size_t json_escape(char *dst, size_t cap, const char *s, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 7 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)c;
+        } else if (c < 0x20 || c >= 0x7f) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
+        } else {
+            dst[o++] = (char)c;
+        }
+    }
+    dst[o] = '\0';
+    return o;
+}
+
+static void log_request(struct worker *w, struct request *r)
+{
+    char when[40];
+    char path[512];
+    char method[40];
+    char scope[300];
+    char line[1400];
+    struct timespec ts;
+    struct tm tm;
+    int n;
+
+    if (!w->srv->cfg->access_log)
+        return;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    json_escape(path, sizeof(path), r->target ? r->target : "", r->target ? r->path_len : 0);
+    json_escape(method, sizeof(method), r->method ? r->method : "", r->method ? strlen(r->method) : 0);
+    if (r->route != NULL)
+        json_escape(scope, sizeof(scope), r->route->scope, strlen(r->route->scope));
+    n = snprintf(line, sizeof(line),
+                 "{\"time\":\"%s.%03ldZ\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
+                 "\"outcome\":\"%s\",\"scope\":%s%s%s,\"key\":%s%s%s,\"upstream_ms\":%.1f,"
+                 "\"total_ms\":%.1f}\n",
+                 when, ts.tv_nsec / 1000000, method, path, r->response_status,
+                 r->outcome ? r->outcome : "aborted", r->route ? "\"" : "",
+                 r->route ? scope : "null", r->route ? "\"" : "", r->keyed ? "\"" : "",
+                 r->keyed ? r->keyhash : "null", r->keyed ? "\"" : "", r->upstream_ms,
+                 mono_ms_f() - (double)r->start_ms);
+    if (n <= 0 || (size_t)n >= sizeof(line))
+        return;
+    if (w->loglen + (size_t)n > LOG_FLUSH_BYTES)
+        log_flush(w);
+    memcpy(w->logbuf + w->loglen, line, (size_t)n);
+    w->loglen += (size_t)n;
+}
+
+/* ---- request bookkeeping --------------------------------------------- */
+
+static void active_add(struct request *r)
+{
+    struct worker *w = r->w;
+    if (r->active)
+        return;
+    r->prev = NULL;
+    r->next = w->active;
+    if (w->active != NULL)
+        w->active->prev = r;
+    w->active = r;
+    r->active = true;
+    w->n_active++;
+}
+
+static void active_remove(struct request *r)
+{
+    struct worker *w = r->w;
+    if (!r->active)
+        return;
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        w->active = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    r->active = false;
+    w->n_active--;
+}
+
+static void set_waiting(struct request *r, bool waiting)
+{
+    if (waiting && !r->counted_waiting) {
+        atomic_fetch_add(&r->w->srv->n_waiting, 1);
+        r->counted_waiting = true;
+    } else if (!waiting && r->counted_waiting) {
+        atomic_fetch_sub(&r->w->srv->n_waiting, 1);
+        r->counted_waiting = false;
+    }
+}
+
+static void request_free(struct request *r)
+{
+    if (r == NULL)
+        return;
+    set_waiting(r, false);
+    active_remove(r);
+    if (r->easy != NULL) {
+        curl_multi_remove_handle(r->w->multi, r->easy);
+        curl_easy_cleanup(r->easy);
+    }
+    curl_slist_free_all(r->curl_headers);
+    idem_headers_clear(&r->headers);
+    idem_headers_clear(&r->resp_headers);
+    if (r->response != NULL)
+        MHD_destroy_response(r->response);
+    store_record_clear(&r->job.op.replay);
+    r->w->n_requests--;
+    free(r->store_headers);
+    free(r->resp_body);
+    free(r->body);
+    free(r->scope);
+    free(r->key);
+    free(r->method);
+    free(r->target);
+    free(r);
+}
+
+static void maybe_free(struct request *r)
+{
+    if (r->mhd_done && !r->job_pending && !r->hb_pending)
+        request_free(r);
+}
+
+/* ---- responses ---------------------------------------------------------- */
+
+static struct MHD_Response *make_problem(int status, const char *slug, const char *title,
+                                         const char *detail)
+{
+    size_t len = 0;
+    char *body = idem_problem_json(status, slug, title, detail, &len);
+    struct MHD_Response *resp;
+
+    if (body == NULL)
+        return NULL;
+    resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(body);
+        return NULL;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/problem+json");
+    return resp;
+}
+
+/*
+ * Settles a request with its answer. When the connection is suspended it is
+ * resumed and the handler queues the response; when we are still inside the
+ * handler's last call, the caller queues it on return.
+ */
+static void respond(struct request *r, struct MHD_Response *resp, int status,
+                    const char *outcome)
+{
+    if (r->response != NULL)
+        MHD_destroy_response(r->response);
+    r->response = resp;
+    r->response_status = status;
+    r->outcome = outcome;
+    r->state = RS_RESPOND;
+    set_waiting(r, false);
+    active_remove(r);
+    if (r->suspended) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+        /* In external-epoll mode a resume does not wake MHD's epoll set:
+         * the loop runs MHD at the end of this iteration. */
+        r->w->mhd_pending = true;
+    }
+}
+
+static void respond_problem(struct request *r, int status, const char *slug, const char *title,
+                            const char *detail, const char *outcome, long retry_after,
+                            bool close_conn)
+{
+    struct MHD_Response *resp = make_problem(status, slug, title, detail);
+    if (resp != NULL) {
+        if (retry_after > 0) {
+            char ra[24];
+            snprintf(ra, sizeof(ra), "%ld", retry_after);
+            MHD_add_response_header(resp, "Retry-After", ra);
+        }
+        if (close_conn)
+            MHD_add_response_header(resp, "Connection", "close");
+    }
+    respond(r, resp, status, outcome);
+}
+
+static void respond_unavailable(struct request *r, const char *detail)
+{
+    respond_problem(r, 503, "store-unavailable", "Store unavailable", detail, "unavailable", 1,
+                    false);
+}
+
+static void add_headers(struct MHD_Response *resp, const struct idem_headers *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        MHD_add_response_header(resp, h->v[i].name, h->v[i].value);
+}
+
+/* Replays a COMPLETE record; takes ownership of rec's body. */
+static void respond_replay(struct request *r, struct store_record *rec)
+{
+    struct idem_headers h = {0};
+    struct MHD_Response *resp = NULL;
+    void *body = rec->body;
+    size_t len = rec->body_len;
+
+    if (idem_headers_decode(rec->headers, rec->headers_len, &h) != 0) {
+        idem_headers_clear(&h);
+        respond_problem(r, 500, "corrupt-record", "Stored response unreadable",
+                        "the stored response for this key could not be decoded", "error", 0,
+                        false);
+        return;
+    }
+    resp = MHD_create_response_from_buffer(len, len ? body : (void *)"",
+                                           len ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (resp != NULL && len > 0) {
+        rec->body = NULL; /* now owned by the response */
+        rec->body_len = 0;
+    }
+    if (resp != NULL) {
+        add_headers(resp, &h);
+        MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+    }
+    idem_headers_clear(&h);
+    respond(r, resp, rec->status, "replayed");
+}
+
+static void suspend(struct request *r)
+{
+    active_add(r);
+    if (!r->suspended) {
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+    }
+}
+
+/* ---- writer jobs --------------------------------------------------------- */
+
+static void submit(struct request *r, struct writer_job *job)
+{
+    job->owner = r;
+    if (job == &r->hb_job)
+        r->hb_pending = true;
+    else
+        r->job_pending = true;
+    writer_submit(r->w->srv->writer, job);
+}
+
+static void submit_acquire(struct request *r)
+{
+    struct writer_job *j = &r->job;
+    store_record_clear(&j->op.replay);
+    memset(&j->op, 0, sizeof(j->op));
+    j->op.kind = STORE_OP_ACQUIRE;
+    memcpy(j->op.key, r->record_key, STORE_KEY_BYTES);
+    memcpy(j->op.fingerprint, r->fingerprint, STORE_FINGERPRINT_BYTES);
+    j->op.lease_ms = r->route->lease_ms;
+    j->op.ttl_ms = r->route->ttl_ms;
+    j->op.want_replay = true;
+    r->state = RS_ACQUIRING;
+    submit(r, j);
+}
+
+static void submit_settle(struct request *r, enum store_op_kind kind, int status)
+{
+    struct writer_job *j = &r->job;
+    memset(&j->op, 0, sizeof(j->op));
+    j->op.kind = kind;
+    memcpy(j->op.key, r->record_key, STORE_KEY_BYTES);
+    memcpy(j->op.lease_id, r->lease_id, STORE_LEASE_ID_BYTES);
+    if (kind == STORE_OP_COMPLETE) {
+        j->op.ttl_ms = r->route->ttl_ms;
+        j->op.status = status;
+        j->op.headers.ptr = r->store_headers;
+        j->op.headers.len = r->store_headers_len;
+        j->op.body.ptr = r->resp_body;
+        j->op.body.len = r->resp_len;
+    }
+    r->state = RS_FINISHING;
+    submit(r, j);
+}
+
+/* Runs on the writer thread: hand each job to its worker, one wake-up per
+ * worker, and tell every worker about settled keys when anyone waits. */
+static void deliver(struct writer_job **jobs, size_t n, void *ctx)
+{
+    struct proxy_server *srv = ctx;
+    bool touched[256] = {false};
+    bool broadcast = atomic_load(&srv->n_waiting) > 0;
+
+    for (size_t i = 0; i < n; i++) {
+        struct request *r = jobs[i]->owner;
+        struct worker *w = r->w;
+        pthread_mutex_lock(&w->inbox_lock);
+        jobs[i]->next = w->inbox_jobs;
+        w->inbox_jobs = jobs[i];
+        pthread_mutex_unlock(&w->inbox_lock);
+        touched[w->index] = true;
+        if (broadcast && jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_DONE &&
+            (jobs[i]->op.kind == STORE_OP_COMPLETE || jobs[i]->op.kind == STORE_OP_RELEASE)) {
+            for (unsigned k = 0; k < srv->n_workers; k++) {
+                struct inbox_key *m = malloc(sizeof(*m));
+                if (m == NULL)
+                    continue; /* the waiter's poll finds it instead */
+                memcpy(m->key, jobs[i]->op.key, STORE_KEY_BYTES);
+                pthread_mutex_lock(&srv->workers[k].inbox_lock);
+                m->next = srv->workers[k].inbox_keys;
+                srv->workers[k].inbox_keys = m;
+                pthread_mutex_unlock(&srv->workers[k].inbox_lock);
+                touched[k] = true;
+            }
+        }
+    }
+    for (unsigned k = 0; k < srv->n_workers; k++) {
+        if (touched[k]) {
+            uint64_t one = 1;
+            ssize_t rc = write(srv->workers[k].evfd, &one, sizeof(one));
+            (void)rc; /* a full eventfd counter already means "wake" */
+        }
+    }
+}
+
+/* ---- upstream (libcurl) ---------------------------------------------- */
+
+static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *userdata)
+{
+    struct request *r = userdata;
+    size_t len = size * nitems;
+    size_t n = len;
+    char *colon;
+
+    while (n > 0 && (buf[n - 1] == '\r' || buf[n - 1] == '\n'))
+        n--;
+    if (n >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
+        /* A new status line (after a 1xx): start the header list again. */
+        idem_headers_clear(&r->resp_headers);
+        return len;
+    }
+    if (n == 0)
+        return len;
+    if (buf[0] == ' ' || buf[0] == '\t')
+        return len; /* obs-fold continuation (RFC 9112 5.2): dropped */
+    colon = memchr(buf, ':', n);
+    if (colon == NULL || colon == buf)
+        return len;
+    {
+        size_t name_len = (size_t)(colon - buf);
+        const char *v = colon + 1;
+        size_t vlen = n - name_len - 1;
+        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
+            v++;
+            vlen--;
+        }
+        while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+            vlen--;
+        if (r->resp_headers.bytes + n > 256 * 1024)
+            return 0; /* an upstream header flood: abort the transfer */
+        if (idem_headers_push(&r->resp_headers, buf, name_len, v, vlen) != 0)
+            return 0;
+    }
+    return len;
+}
+
+static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    struct request *r = userdata;
+    size_t len = size * nmemb;
+    uint64_t cap = r->w->srv->cfg->upstream.max_response_bytes;
+
+    if ((uint64_t)r->resp_len + len > cap) {
+        r->resp_too_large = true;
+        return 0;
+    }
+    if (r->resp_len + len > r->resp_cap) {
+        size_t ncap = r->resp_cap ? r->resp_cap : 4096;
+        uint8_t *nb;
+        while (ncap < r->resp_len + len)
+            ncap *= 2;
+        nb = realloc(r->resp_body, ncap);
+        if (nb == NULL)
+            return 0;
+        r->resp_body = nb;
+        r->resp_cap = ncap;
+    }
+    memcpy(r->resp_body + r->resp_len, ptr, len);
+    r->resp_len += len;
+    return len;
+}
+
+static int start_upstream(struct request *r)
+{
+    const struct config *cfg = r->w->srv->cfg;
+    struct idem_headers fwd = {0};
+    struct idem_forward_info info = {.client_addr = "", .proto = "http"};
+    char addr[INET6_ADDRSTRLEN] = "";
+    char *url = NULL;
+    size_t base_len = strlen(r->w->srv->upstream_base);
+    const union MHD_ConnectionInfo *ci;
+    int rc = -1;
+    CURL *e = NULL;
+
+    ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci != NULL && ci->client_addr != NULL) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, addr,
+                      sizeof(addr));
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                      addr, sizeof(addr));
+    }
+    info.client_addr = addr;
+    if (idem_filter_request_headers(&r->headers, &info, &fwd) != 0)
+        goto out;
+    for (size_t i = 0; i < fwd.n; i++) {
+        size_t l = fwd.v[i].name_len + fwd.v[i].value_len + 3;
+        char *line = malloc(l);
+        struct curl_slist *nl;
+        if (line == NULL)
+            goto out;
+        /* "Name;" is curl's spelling of a header with an empty value. */
+        if (fwd.v[i].value_len == 0)
+            snprintf(line, l, "%s;", fwd.v[i].name);
+        else
+            snprintf(line, l, "%s: %s", fwd.v[i].name, fwd.v[i].value);
+        nl = curl_slist_append(r->curl_headers, line);
+        free(line);
+        if (nl == NULL)
+            goto out;
+        r->curl_headers = nl;
+    }
+    /* Never let curl invent request headers the client did not send. */
+    {
+        static const char *const suppress[] = {"Expect:", "Accept:", "Content-Type:"};
+        static const char *const names[] = {NULL, "Accept", "Content-Type"};
+        for (size_t i = 0; i < 3; i++) {
+            struct curl_slist *nl;
+            if (names[i] != NULL && idem_headers_find(&fwd, names[i]) != NULL)
+                continue;
+            nl = curl_slist_append(r->curl_headers, suppress[i]);
+            if (nl == NULL)
+                goto out;
+            r->curl_headers = nl;
+        }
+    }
+    url = malloc(base_len + r->target_len + 1);
+    if (url == NULL)
+        goto out;
+    memcpy(url, r->w->srv->upstream_base, base_len);
+    memcpy(url + base_len, r->target, r->target_len);
+    url[base_len + r->target_len] = '\0';
+
+    e = curl_easy_init();
+    if (e == NULL)
+        goto out;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->upstream.connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)cfg->upstream.timeout_ms);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->curl_headers);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_upstream_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_upstream_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+    if (strcmp(r->method, "GET") == 0 && r->body_len == 0) {
+        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(r->method, "HEAD") == 0) {
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    } else {
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
+        if (r->body_len > 0 || strcmp(r->method, "POST") == 0 ||
+            strcmp(r->method, "PUT") == 0 || strcmp(r->method, "PATCH") == 0) {
+            curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
+            curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body_len ? (char *)r->body : "");
+        }
+    }
+    if (curl_multi_add_handle(r->w->multi, e) != CURLM_OK)
+        goto out;
+    r->easy = e;
+    e = NULL;
+    r->upstream_start_ms = mono_ms();
+    r->state = RS_UPSTREAM;
+    if (r->keyed)
+        r->next_hb_ms = mono_ms() + r->route->heartbeat_ms;
+    rc = 0;
+out:
+    if (e != NULL)
+        curl_easy_cleanup(e);
+    free(url);
+    idem_headers_clear(&fwd);
+    return rc;
+}
+
+static enum idem_upstream_result classify(struct request *r, CURLcode code)
+{
+    curl_off_t sent = 0;
+    long req_size = 0;
+
+    if (code == CURLE_OK)
+        return IDEM_UPSTREAM_RESPONSE;
+    if (r->resp_too_large)
+        return IDEM_UPSTREAM_TOO_LARGE;
+    curl_easy_getinfo(r->easy, CURLINFO_REQUEST_SIZE, &req_size);
+    (void)sent;
+    switch (code) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+        return IDEM_UPSTREAM_NOT_SENT;
+    case CURLE_OPERATION_TIMEDOUT:
+        return req_size == 0 ? IDEM_UPSTREAM_NOT_SENT : IDEM_UPSTREAM_TIMEOUT;
+    default:
+        return req_size == 0 ? IDEM_UPSTREAM_NOT_SENT : IDEM_UPSTREAM_BROKEN;
+    }
+}
+
+static struct MHD_Response *response_from_upstream(struct request *r)
+{
+    struct idem_headers h = {0};
+    struct MHD_Response *resp;
+
+    resp = MHD_create_response_from_buffer(r->resp_len, r->resp_len ? r->resp_body : (void *)"",
+                                           MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL)
+        return NULL;
+    if (idem_filter_response_headers(&r->resp_headers, NULL, &h) == 0)
+        add_headers(resp, &h);
+    idem_headers_clear(&h);
+    return resp;
+}
+
+/* Prepares the stored payload (headers blob) for a complete. */
+static int prepare_store_payload(struct request *r, const struct idem_headers *src)
+{
+    struct idem_headers h = {0};
+    int rc = idem_filter_response_headers(src, r->route, &h);
+    if (rc == 0)
+        rc = idem_headers_encode(&h, &r->store_headers, &r->store_headers_len);
+    idem_headers_clear(&h);
+    return rc;
+}
+
+static void upstream_done(struct request *r, CURLcode code)
+{
+    enum idem_upstream_result res = classify(r, code);
+    long status = 0;
+    struct MHD_Response *resp = NULL;
+    const char *outcome = r->keyed ? "forwarded" : "passthrough";
+
+    r->upstream_ms = mono_ms_f() - (double)r->upstream_start_ms;
+    if (res == IDEM_UPSTREAM_RESPONSE) {
+        curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+        if (status < 100 || status > 599) {
+            res = IDEM_UPSTREAM_BROKEN;
+            status = 0;
+        }
+    }
+    curl_multi_remove_handle(r->w->multi, r->easy);
+    curl_easy_cleanup(r->easy);
+    r->easy = NULL;
+    curl_slist_free_all(r->curl_headers);
+    r->curl_headers = NULL;
+
+    if (res == IDEM_UPSTREAM_RESPONSE) {
+        r->resp_status = (int)status;
+        resp = response_from_upstream(r);
+    } else {
+        /* The proxy's own answer replaces whatever partial response came. */
+        const char *detail = "the upstream could not be reached; nothing was sent";
+        const char *slug = "upstream-unreachable";
+        const char *title = "Upstream unreachable";
+        int st = 502;
+        struct idem_headers ph = {0};
+        size_t len = 0;
+        char *body;
+        if (res == IDEM_UPSTREAM_TIMEOUT) {
+            st = 504;
+            slug = "upstream-timeout";
+            title = "Upstream timeout";
+            detail = "the upstream did not answer in time; the outcome is unknown";
+        } else if (res == IDEM_UPSTREAM_BROKEN) {
+            slug = "upstream-broken";
+            title = "Upstream connection failed";
+            detail = "the upstream connection failed after the request was sent; the outcome is "
+                     "unknown";
+        } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
+            slug = "upstream-response-too-large";
+            title = "Upstream response too large";
+            detail = "the upstream response exceeds upstream.max_response";
+        }
+        body = idem_problem_json(st, slug, title, detail, &len);
+        free(r->resp_body);
+        r->resp_body = (uint8_t *)body;
+        r->resp_len = body ? len : 0;
+        r->resp_cap = r->resp_len;
+        r->resp_status = st;
+        idem_headers_clear(&r->resp_headers);
+        idem_headers_push(&r->resp_headers, "Content-Type", 12, "application/problem+json", 24);
+        resp = response_from_upstream(r);
+        idem_headers_clear(&ph);
+        outcome = "released";
+    }
+    if (!r->keyed) {
+        respond(r, resp, r->resp_status, res == IDEM_UPSTREAM_RESPONSE ? "passthrough" : "error");
+        return;
+    }
+    /* Keyed: the answer waits until the record is settled. */
+    r->response = resp;
+    r->response_status = r->resp_status;
+    if (idem_decide_record(r->route, res, r->resp_status) == IDEM_RECORD_COMPLETE) {
+        if (prepare_store_payload(r, &r->resp_headers) != 0) {
+            r->outcome = "released";
+            submit_settle(r, STORE_OP_RELEASE, 0);
+            return;
+        }
+        r->outcome = res == IDEM_UPSTREAM_RESPONSE ? "forwarded" : "completed_unknown";
+        submit_settle(r, STORE_OP_COMPLETE, r->resp_status);
+    } else {
+        r->outcome = "released";
+        submit_settle(r, STORE_OP_RELEASE, 0);
+    }
+    (void)outcome;
+}
+
+/* ---- keyed flow ------------------------------------------------------------ */
+
+static void respond_conflict(struct request *r)
+{
+    long ra = idem_retry_after_seconds(r->holder_lease_expires_ms, real_ms());
+    respond_problem(r, 409, "request-in-progress", "Request in progress",
+                    "a request with this Idempotency-Key is still being processed; retry later",
+                    "conflict", ra, false);
+}
+
+static void respond_mismatch(struct request *r)
+{
+    respond_problem(r, 422, "key-reused", "Idempotency-Key reused",
+                    "this Idempotency-Key was already used with a different request", "mismatch",
+                    0, false);
+}
+
+static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expires_ms)
+{
+    int64_t now = mono_ms();
+    r->holder_lease_expires_ms = holder_lease_expires_ms;
+    if (r->wait_deadline_ms == 0) {
+        if (r->route->wait_ms <= 0 || r->w->draining) {
+            respond_conflict(r);
+            return;
+        }
+        r->wait_deadline_ms = now + r->route->wait_ms;
+        r->poll_step_ms = POLL_MIN_MS;
+    }
+    if (now >= r->wait_deadline_ms) {
+        respond_conflict(r);
+        return;
+    }
+    r->state = RS_WAITING;
+    r->next_poll_ms = now + r->poll_step_ms;
+    set_waiting(r, true);
+    suspend(r);
+}
+
+/* Reads the record without the writer and acts on it. */
+static void lookup(struct request *r)
+{
+    struct store_record rec = {0};
+    int rc = store_get(r->w->srv->store, r->record_key, &rec);
+
+    if (rc != 0) {
+        respond_unavailable(r, "the record store could not be read");
+        goto out;
+    }
+    switch (idem_decide_lookup(&rec, r->fingerprint, real_ms())) {
+    case IDEM_LOOKUP_REPLAY:
+        respond_replay(r, &rec);
+        break;
+    case IDEM_LOOKUP_MISMATCH:
+        respond_mismatch(r);
+        break;
+    case IDEM_LOOKUP_BUSY:
+        begin_or_continue_wait(r, rec.lease_expires_ms);
+        break;
+    case IDEM_LOOKUP_ACQUIRE:
+        set_waiting(r, false);
+        submit_acquire(r);
+        suspend(r);
+        break;
+    }
+out:
+    store_record_clear(&rec);
+}
+
+static void on_job(struct request *r, struct writer_job *j)
+{
+    if (j == &r->hb_job) {
+        r->hb_pending = false;
+        if (j->error == 0 && j->op.outcome == STORE_FENCED)
+            r->lease_lost = true;
+        maybe_free(r);
+        return;
+    }
+    r->job_pending = false;
+    if (r->mhd_done) {
+        maybe_free(r);
+        return;
+    }
+    switch (j->op.kind) {
+    case STORE_OP_ACQUIRE:
+        if (j->error != 0) {
+            respond_unavailable(r, "the record store failed; nothing was forwarded");
+            break;
+        }
+        switch (j->op.outcome) {
+        case STORE_ACQUIRED:
+            memcpy(r->lease_id, j->op.lease_id, STORE_LEASE_ID_BYTES);
+            if (r->w->draining) {
+                /* Acquired as we began to stop: give the key back. */
+                r->response = make_problem(503, "shutting-down", "Shutting down",
+                                           "the proxy is stopping; retry");
+                r->response_status = 503;
+                r->outcome = "unavailable";
+                submit_settle(r, STORE_OP_RELEASE, 0);
+                break;
+            }
+            if (start_upstream(r) != 0) {
+                r->response = make_problem(502, "upstream-request-failed",
+                                           "Upstream request failed",
+                                           "the request could not be forwarded");
+                r->response_status = 502;
+                r->outcome = "released";
+                submit_settle(r, STORE_OP_RELEASE, 0);
+            }
+            break;
+        case STORE_REPLAY:
+            respond_replay(r, &j->op.replay);
+            store_record_clear(&j->op.replay);
+            break;
+        case STORE_BUSY:
+            begin_or_continue_wait(r, j->op.lease_expires_ms);
+            break;
+        case STORE_MISMATCH:
+            respond_mismatch(r);
+            break;
+        default:
+            respond_unavailable(r, "the record store is full; nothing was forwarded");
+            break;
+        }
+        break;
+    case STORE_OP_COMPLETE:
+        if (j->error != 0 || j->op.outcome == STORE_FULL) {
+            /* The action ran but its result could not be stored: give the
+             * key back so it is not stuck until the lease expires, and
+             * still tell the client what the upstream said. */
+            r->outcome = "unstored";
+            submit_settle(r, STORE_OP_RELEASE, 0);
+            break;
+        }
+        if (j->op.outcome == STORE_FENCED)
+            r->outcome = "fenced";
+        {
+            struct MHD_Response *resp = r->response;
+            r->response = NULL;
+            respond(r, resp, r->response_status, r->outcome);
+        }
+        break;
+    case STORE_OP_RELEASE:
+    default: {
+        struct MHD_Response *resp = r->response;
+        r->response = NULL;
+        respond(r, resp, r->response_status, r->outcome ? r->outcome : "released");
+        break;
+    }
+    }
+}
+
+static void on_key_settled(struct worker *w, const uint8_t key[STORE_KEY_BYTES])
+{
+    struct request *r = w->active;
+    while (r != NULL) {
+        struct request *next = r->next;
+        if (r->state == RS_WAITING && memcmp(r->record_key, key, STORE_KEY_BYTES) == 0)
+            lookup(r);
+        r = next;
+    }
+}
+
+/* ---- MHD callbacks ------------------------------------------------------ */
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    struct worker *w = cls;
+    struct request *r = calloc(1, sizeof(*r));
+    const char *q;
+
+    if (r == NULL)
+        return NULL;
+    r->w = w;
+    r->conn = conn;
+    r->start_ms = mono_ms();
+    r->target_len = strlen(uri);
+    r->target = strdup(uri);
+    if (r->target == NULL) {
+        free(r);
+        return NULL;
+    }
+    q = strchr(r->target, '?');
+    r->path_len = q ? (size_t)(q - r->target) : r->target_len;
+    w->n_requests++;
+    return r;
+}
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      size_t key_size, const char *value, size_t value_size)
+{
+    struct request *r = cls;
+    (void)kind;
+    if (idem_headers_push(&r->headers, key, key_size, value ? value : "",
+                          value ? value_size : 0) != 0)
+        return MHD_NO;
+    /* An embedded NUL hides bytes from C-string consumers: refuse it. */
+    if (strlen(key) != key_size || (value != NULL && strlen(value) != value_size))
+        r->reject_status = 400;
+    return MHD_YES;
+}
+
+static bool ieq_trim(const char *v, const char *word)
+{
+    size_t len, wl = strlen(word);
+    while (*v == ' ' || *v == '\t')
+        v++;
+    len = strlen(v);
+    while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+        len--;
+    return len == wl && strncasecmp(v, word, wl) == 0;
+}
+
+static bool all_digits(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (*s == '\0')
+        return false;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return *s == '\0';
+}
+
+/* Headers are complete: everything decidable before the body. Returns
+ * false when the request was answered (r->state is RS_RESPOND). */
+static bool on_headers(struct request *r, const char *method, const char *version)
+{
+    const struct config *cfg = r->w->srv->cfg;
+    size_t n_te, n_cl;
+    const struct idem_header *cl, *te;
+    char detail[256];
+
+    r->method = strdup(method);
+    if (r->method == NULL) {
+        respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0, true);
+        return false;
+    }
+    r->http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+    if (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
+        r->reject_status != 0) {
+        respond_problem(r, 400, "bad-request", "Bad request",
+                        "a request header could not be read", "rejected", 0, true);
+        return false;
+    }
+    /* Framing libmicrohttpd lets through (RFC 9112 section 6.1 and 6.3):
+     * any of these would let a front end and the upstream disagree on
+     * where this request ends. */
+    n_te = idem_headers_count(&r->headers, "Transfer-Encoding");
+    n_cl = idem_headers_count(&r->headers, "Content-Length");
+    te = idem_headers_find(&r->headers, "Transfer-Encoding");
+    cl = idem_headers_find(&r->headers, "Content-Length");
+    if (n_te > 1 || (te != NULL && !ieq_trim(te->value, "chunked")) || (te && n_cl > 0) ||
+        (te && r->http10) || n_cl > 1 || (cl != NULL && !all_digits(cl->value))) {
+        respond_problem(r, 400, "bad-framing", "Bad request framing",
+                        "Transfer-Encoding other than a single chunked, Transfer-Encoding with "
+                        "Content-Length, or a repeated or invalid Content-Length",
+                        "rejected", 0, true);
+        return false;
+    }
+    r->route = config_match_route(cfg, r->method, r->target, r->path_len);
+    if (r->route == NULL)
+        return true;
+    if (cl != NULL && strtoull(cl->value, NULL, 10) > r->route->max_body_bytes) {
+        snprintf(detail, sizeof(detail), "the body exceeds this route's max_body of %llu bytes",
+                 (unsigned long long)r->route->max_body_bytes);
+        respond_problem(r, 413, "body-too-large", "Request body too large", detail, "rejected", 0,
+                        true);
+        return false;
+    }
+    {
+        size_t n_key = idem_headers_count(&r->headers, "Idempotency-Key");
+        const struct idem_header *kh = idem_headers_find(&r->headers, "Idempotency-Key");
+        enum idem_key_status ks;
+        if (n_key == 0) {
+            if (r->route->require_key) {
+                respond_problem(r, 400, "key-required", "Idempotency-Key required",
+                                "this route requires an Idempotency-Key header", "rejected", 0,
+                                false);
+                return false;
+            }
+            return true; /* covered without a key: forwarded, nothing stored */
+        }
+        if (n_key > 1) {
+            respond_problem(r, 400, "invalid-key", "Invalid Idempotency-Key",
+                            "the Idempotency-Key header appears more than once", "rejected", 0,
+                            false);
+            return false;
+        }
+        r->key = malloc(r->route->max_key_length + 1);
+        if (r->key == NULL) {
+            respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0,
+                            true);
+            return false;
+        }
+        ks = idem_key_parse(kh->value, kh->value_len, r->route->max_key_length, r->key,
+                            &r->key_len);
+        if (ks != IDEM_KEY_OK) {
+            respond_problem(r, 400, "invalid-key", "Invalid Idempotency-Key",
+                            idem_key_status_text(ks), "rejected", 0, false);
+            return false;
+        }
+    }
+    {
+        const struct idem_header *sh = NULL;
+        if (r->route->scope_header != NULL) {
+            sh = idem_headers_find(&r->headers, r->route->scope_header);
+            if (sh == NULL || sh->value_len == 0 ||
+                idem_headers_count(&r->headers, r->route->scope_header) > 1) {
+                snprintf(detail, sizeof(detail),
+                         "this route is scoped by the %s header, which is missing or repeated",
+                         r->route->scope_header);
+                respond_problem(r, 400, "scope-header-missing", "Scope header missing", detail,
+                                "rejected", 0, false);
+                return false;
+            }
+        }
+        if (idem_scope_build(r->route, sh ? sh->value : NULL, sh ? sh->value_len : 0, &r->scope,
+                             &r->scope_len) != 0) {
+            respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0,
+                            true);
+            return false;
+        }
+    }
+    store_key_derive(r->scope, r->scope_len, r->key, r->key_len, r->record_key);
+    idem_key_loghash(r->route->scope, r->key, r->key_len, r->keyhash);
+    r->keyed = true;
+    return true;
+}
+
+static bool append_body(struct request *r, const char *data, size_t len)
+{
+    uint64_t cap = r->route != NULL ? r->route->max_body_bytes : 0;
+
+    if (r->route == NULL) {
+        /* Not covered: still bounded, by the largest max_body of any
+         * route, so pass-through cannot be used to exhaust memory. */
+        const struct config *cfg = r->w->srv->cfg;
+        for (size_t i = 0; i < cfg->n_routes; i++)
+            if (cfg->routes[i].max_body_bytes > cap)
+                cap = cfg->routes[i].max_body_bytes;
+    }
+    if (r->body_too_large || (uint64_t)r->body_len + len > cap) {
+        r->body_too_large = true;
+        r->body_discarded += len;
+        return r->body_discarded <= 16 * (size_t)cap + 65536;
+    }
+    if (r->body_len + len > r->body_cap) {
+        size_t ncap = r->body_cap ? r->body_cap : 1024;
+        uint8_t *nb;
+        while (ncap < r->body_len + len)
+            ncap *= 2;
+        nb = realloc(r->body, ncap);
+        if (nb == NULL)
+            return false;
+        r->body = nb;
+        r->body_cap = ncap;
+    }
+    memcpy(r->body + r->body_len, data, len);
+    r->body_len += len;
+    return true;
+}
+
+/* The whole request is here: answer it or set it going. */
+static void on_complete_request(struct request *r)
+{
+    if (r->body_too_large) {
+        respond_problem(r, 413, "body-too-large", "Request body too large",
+                        "the body exceeds this route's max_body", "rejected", 0, true);
+        return;
+    }
+    if (!r->keyed) {
+        if (start_upstream(r) != 0) {
+            respond_problem(r, 502, "upstream-request-failed", "Upstream request failed",
+                            "the request could not be forwarded", "error", 0, false);
+            return;
+        }
+        suspend(r);
+        return;
+    }
+    {
+        const struct idem_header *ct = idem_headers_find(&r->headers, "Content-Type");
+        if (idem_fingerprint(r->method, r->target, r->target_len, ct ? ct->value : NULL, r->body,
+                             r->body_len, r->route->fingerprint, r->fingerprint) != 0) {
+            respond_problem(r, 500, "internal", "Internal error", "fingerprint failed", "error",
+                            0, false);
+            return;
+        }
+    }
+    lookup(r);
+}
+
+static enum MHD_Result queue_answer(struct request *r)
+{
+    enum MHD_Result ret;
+    if (r->response == NULL) {
+        /* Allocation failed on the way: end the connection rather than
+         * answer something we did not mean. */
+        r->state = RS_DONE;
+        return MHD_NO;
+    }
+    ret = MHD_queue_response(r->conn, (unsigned int)r->response_status, r->response);
+    MHD_destroy_response(r->response);
+    r->response = NULL;
+    r->state = RS_DONE;
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct request *r = *con_cls;
+    (void)cls;
+    (void)url;
+
+    if (r == NULL)
+        return MHD_NO; /* the request object could not be allocated */
+    r->conn = conn;
+    switch (r->state) {
+    case RS_HEADERS:
+        r->state = RS_BODY;
+        if (!on_headers(r, method, version))
+            return queue_answer(r);
+        return MHD_YES;
+    case RS_BODY:
+        if (*upload_data_size > 0) {
+            bool ok = append_body(r, upload_data, *upload_data_size);
+            *upload_data_size = 0;
+            return ok ? MHD_YES : MHD_NO;
+        }
+        if (r->w->draining && !r->keyed && r->route == NULL) {
+            /* still served: draining only stops new connections */
+        }
+        on_complete_request(r);
+        if (r->state == RS_RESPOND)
+            return queue_answer(r);
+        return MHD_YES;
+    case RS_RESPOND:
+        return queue_answer(r);
+    default:
+        return MHD_YES;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct worker *w = cls;
+    struct request *r = *con_cls;
+    (void)conn;
+
+    if (r == NULL)
+        return;
+    *con_cls = NULL;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->state != RS_DONE && r->outcome == NULL)
+        r->outcome = "aborted";
+    if (r->state >= RS_BODY)
+        log_request(w, r);
+    r->mhd_done = true;
+    /* A transfer still running belongs to a request whose client is gone
+     * (only possible at shutdown); the record is settled elsewhere. */
+    maybe_free(r);
+}
+
+static void mhd_log(void *cls, const char *fm, va_list ap)
+{
+    (void)cls;
+    fputs("idemproxy: libmicrohttpd: ", stderr);
+    vfprintf(stderr, fm, ap);
+}
+
+/* ---- curl multi glue --------------------------------------------------- */
+
+static int curl_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    struct worker *w = userp;
+    struct ep_tag *tag = socketp;
+    struct epoll_event ev = {0};
+    (void)easy;
+
+    if (what == CURL_POLL_REMOVE) {
+        if (tag != NULL) {
+            epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
+            free(tag);
+            curl_multi_assign(w->multi, s, NULL);
+        }
+        return 0;
+    }
+    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
+        ev.events |= EPOLLIN;
+    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
+        ev.events |= EPOLLOUT;
+    if (tag == NULL) {
+        tag = malloc(sizeof(*tag));
+        if (tag == NULL)
+            return -1;
+        tag->kind = EP_CURL;
+        tag->fd = s;
+        ev.data.ptr = tag;
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) != 0) {
+            free(tag);
+            return -1;
+        }
+        curl_multi_assign(w->multi, s, tag);
+    } else {
+        ev.data.ptr = tag;
+        if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int curl_timer_cb(CURLM *multi, long timeout_ms, void *userp)
+{
+    struct worker *w = userp;
+    (void)multi;
+    w->curl_deadline_ms = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+    return 0;
+}
+
+static void curl_check_done(struct worker *w)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(w->multi, &left)) != NULL) {
+        struct request *r = NULL;
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+        if (r != NULL)
+            upstream_done(r, msg->data.result);
+    }
+}
+
+/* ---- the loop ------------------------------------------------------------ */
+
+static void drain_inbox(struct worker *w)
+{
+    struct writer_job *jobs;
+    struct inbox_key *keys;
+    uint64_t v;
+    ssize_t rc;
+
+    rc = read(w->evfd, &v, sizeof(v));
+    (void)rc;
+    pthread_mutex_lock(&w->inbox_lock);
+    jobs = w->inbox_jobs;
+    keys = w->inbox_keys;
+    w->inbox_jobs = NULL;
+    w->inbox_keys = NULL;
+    pthread_mutex_unlock(&w->inbox_lock);
+    while (jobs != NULL) {
+        struct writer_job *next = jobs->next;
+        on_job(jobs->owner, jobs);
+        jobs = next;
+    }
+    while (keys != NULL) {
+        struct inbox_key *next = keys->next;
+        on_key_settled(w, keys->key);
+        free(keys);
+        keys = next;
+    }
+}
+
+static void tick(struct worker *w, int64_t now)
+{
+    struct request *r = w->active;
+    while (r != NULL) {
+        struct request *next = r->next;
+        if (r->state == RS_WAITING) {
+            if (now >= r->wait_deadline_ms) {
+                respond_conflict(r);
+            } else if (now >= r->next_poll_ms) {
+                /* Another process may have settled the key. */
+                r->poll_step_ms = r->poll_step_ms * 2 > POLL_MAX_MS ? POLL_MAX_MS
+                                                                    : r->poll_step_ms * 2;
+                lookup(r);
+            }
+        } else if (r->state == RS_UPSTREAM && r->keyed && !r->hb_pending &&
+                   now >= r->next_hb_ms) {
+            /* The heartbeat: keep the lease alive while the action runs. */
+            struct writer_job *j = &r->hb_job;
+            memset(&j->op, 0, sizeof(j->op));
+            j->op.kind = STORE_OP_EXTEND;
+            memcpy(j->op.key, r->record_key, STORE_KEY_BYTES);
+            memcpy(j->op.lease_id, r->lease_id, STORE_LEASE_ID_BYTES);
+            j->op.lease_ms = r->route->lease_ms;
+            r->next_hb_ms = now + r->route->heartbeat_ms;
+            submit(r, j);
+        }
+        r = next;
+    }
+}
+
+/* At the drain deadline: settle what is still running. */
+static void force_drain(struct worker *w)
+{
+    struct request *r = w->active;
+    while (r != NULL) {
+        struct request *next = r->next;
+        if (r->state == RS_WAITING) {
+            respond_problem(r, 503, "shutting-down", "Shutting down",
+                            "the proxy stopped before the key's holder finished", "unavailable",
+                            1, false);
+        } else if (r->state == RS_UPSTREAM) {
+            /* The outcome is unknown: treat it as a timeout. */
+            upstream_done(r, CURLE_OPERATION_TIMEDOUT);
+        }
+        r = next;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct proxy_server *srv = w->srv;
+    struct epoll_event evs[MAX_EVENTS];
+    int64_t next_tick = mono_ms() + TICK_MS;
+
+    for (;;) {
+        int64_t now = mono_ms();
+        int timeout;
+        int n;
+        bool run_mhd = false;
+        MHD_UNSIGNED_LONG_LONG mhd_to = 0;
+
+        if (atomic_load(&srv->stopping) && !w->draining) {
+            MHD_socket ls = MHD_quiesce_daemon(w->mhd);
+            if (ls != MHD_INVALID_SOCKET)
+                close(ls);
+            w->draining = true;
+            w->drain_deadline_ms = now + srv->cfg->server.drain_timeout_ms;
+        }
+        if (w->draining) {
+            if (w->n_requests == 0)
+                break;
+            if (now >= w->drain_deadline_ms) {
+                force_drain(w);
+                w->drain_deadline_ms = INT64_MAX / 2; /* once */
+            }
+        }
+
+        timeout = w->n_active > 0 ? (int)(next_tick - now) : IDLE_TICK_MS;
+        if (timeout < 0)
+            timeout = 0;
+        if (w->curl_deadline_ms >= 0) {
+            int64_t d = w->curl_deadline_ms - now;
+            if (d < 0)
+                d = 0;
+            if (d < timeout)
+                timeout = (int)d;
+        }
+        if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < timeout)
+            timeout = (int)mhd_to;
+        if (w->draining && timeout > 100)
+            timeout = 100;
+        log_flush(w);
+
+        n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
+        if (n < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            struct ep_tag *tag = evs[i].data.ptr;
+            if (tag->kind == EP_MHD) {
+                run_mhd = true;
+            } else if (tag->kind == EP_INBOX) {
+                drain_inbox(w);
+            } else {
+                int mask = 0;
+                int running;
+                if (evs[i].events & EPOLLIN)
+                    mask |= CURL_CSELECT_IN;
+                if (evs[i].events & EPOLLOUT)
+                    mask |= CURL_CSELECT_OUT;
+                if (evs[i].events & (EPOLLERR | EPOLLHUP))
+                    mask |= CURL_CSELECT_ERR;
+                curl_multi_socket_action(w->multi, tag->fd, mask, &running);
+            }
+        }
+        now = mono_ms();
+        if (w->curl_deadline_ms >= 0 && now >= w->curl_deadline_ms) {
+            int running;
+            w->curl_deadline_ms = -1;
+            curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        }
+        curl_check_done(w);
+        if (now >= next_tick) {
+            tick(w, now);
+            next_tick = now + TICK_MS;
+        }
+        if (run_mhd || n == 0 || w->draining || w->mhd_pending) {
+            w->mhd_pending = false;
+            MHD_run(w->mhd);
+        }
+    }
+    log_flush(w);
+    return NULL;
+}
+
+/* ---- setup ------------------------------------------------------------- */
+
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *sslen,
+                        char *err, size_t errlen)
+{
+    char host[256];
+    const char *port;
+    const char *colon;
+    struct addrinfo hints = {0}, *res = NULL;
+    int rc;
+
+    if (listen[0] == '[') {
+        const char *end = strchr(listen, ']');
+        if (end == NULL || end[1] != ':' || (size_t)(end - listen - 1) >= sizeof(host))
+            goto bad;
+        memcpy(host, listen + 1, (size_t)(end - listen - 1));
+        host[end - listen - 1] = '\0';
+        port = end + 2;
+    } else {
+        colon = strrchr(listen, ':');
+        if (colon == NULL || (size_t)(colon - listen) >= sizeof(host))
+            goto bad;
+        memcpy(host, listen, (size_t)(colon - listen));
+        host[colon - listen] = '\0';
+        port = colon + 1;
+    }
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        snprintf(err, errlen, "listen: cannot resolve \"%s\": %s", listen, gai_strerror(rc));
+        return -1;
+    }
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sslen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+bad:
+    snprintf(err, errlen, "listen: \"%s\" is not host:port", listen);
+    return -1;
+}
+
+static int open_listener(const struct sockaddr_storage *ss, socklen_t len, char *err,
+                         size_t errlen)
+{
+    int one = 1;
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "listen: socket: %s", strerror(errno));
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    /* One listen socket per worker on the same address; the kernel spreads
+     * connections over them. Other processes on the same store may listen
+     * on the same port too. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, 1024) != 0) {
+        snprintf(err, errlen, "listen: cannot bind: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen)
+{
+    const struct config *cfg = w->srv->cfg;
+    unsigned n = w->srv->n_workers;
+    unsigned conn_limit = cfg->server.max_connections / n;
+    unsigned per_ip = (cfg->server.per_ip_connections + n - 1) / n;
+    unsigned timeout_s = (unsigned)((cfg->server.client_timeout_ms + 999) / 1000);
+    const union MHD_DaemonInfo *info;
+    struct epoll_event ev = {0};
+
+    if (conn_limit == 0)
+        conn_limit = 1;
+    w->listen_fd = listen_fd;
+    w->curl_deadline_ms = -1;
+    pthread_mutex_init(&w->inbox_lock, NULL);
+    w->logbuf = malloc(LOG_FLUSH_BYTES + 2048);
+    w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->logbuf == NULL || w->epfd < 0 || w->evfd < 0) {
+        snprintf(err, errlen, "worker: %s", strerror(errno));
+        return -1;
+    }
+    w->mhd = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, NULL,
+        NULL, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
+        MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)cfg->server.header_memory_bytes, MHD_OPTION_END);
+    if (w->mhd == NULL) {
+        snprintf(err, errlen, "libmicrohttpd: cannot start the server");
+        return -1;
+    }
+    info = MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    if (info == NULL) {
+        snprintf(err, errlen, "libmicrohttpd: no epoll descriptor");
+        return -1;
+    }
+    w->mhd_tag.kind = EP_MHD;
+    w->mhd_tag.fd = info->epoll_fd;
+    ev.events = EPOLLIN;
+    ev.data.ptr = &w->mhd_tag;
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, info->epoll_fd, &ev) != 0) {
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        return -1;
+    }
+    w->inbox_tag.kind = EP_INBOX;
+    w->inbox_tag.fd = w->evfd;
+    ev.data.ptr = &w->inbox_tag;
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) != 0) {
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        return -1;
+    }
+    w->multi = curl_multi_init();
+    if (w->multi == NULL) {
+        snprintf(err, errlen, "libcurl: cannot create a multi handle");
+        return -1;
+    }
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, curl_socket_cb);
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, curl_timer_cb);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)conn_limit);
+    return 0;
+}
+
+static void worker_fini(struct worker *w)
+{
+    /* Resume anything still suspended: MHD must not stop with suspended
+     * connections. */
+    struct request *r = w->active;
+    while (r != NULL) {
+        struct request *next = r->next;
+        if (r->suspended) {
+            r->suspended = false;
+            MHD_resume_connection(r->conn);
+        }
+        r = next;
+    }
+    if (w->mhd != NULL)
+        MHD_stop_daemon(w->mhd);
+    if (w->multi != NULL)
+        curl_multi_cleanup(w->multi);
+    if (w->epfd >= 0)
+        close(w->epfd);
+    if (w->evfd >= 0)
+        close(w->evfd);
+    pthread_mutex_destroy(&w->inbox_lock);
+    free(w->logbuf);
+}
+
+int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_server **out,
+                       char *err, size_t errlen)
+{
+    struct proxy_server *srv = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sslen = 0;
+    unsigned n;
+    int rc = -1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned started = 0;
+
+    n = cfg->server.workers ? cfg->server.workers : (cores > 0 ? (unsigned)cores : 1);
+    if (n > 64)
+        n = 64;
+    srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        goto fail;
+    srv->cfg = cfg;
+    srv->store = st;
+    srv->n_workers = n;
+    srv->upstream_base = strdup(cfg->upstream.url);
+    srv->workers = calloc(n, sizeof(*srv->workers));
+    if (srv->upstream_base == NULL || srv->workers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    {
+        size_t l = strlen(srv->upstream_base);
+        while (l > 0 && srv->upstream_base[l - 1] == '/')
+            srv->upstream_base[--l] = '\0';
+    }
+    for (unsigned i = 0; i < n; i++) {
+        srv->workers[i].srv = srv;
+        srv->workers[i].index = (int)i;
+        srv->workers[i].epfd = -1;
+        srv->workers[i].evfd = -1;
+    }
+    if (parse_listen(cfg->listen, &ss, &sslen, err, errlen) != 0)
+        goto fail;
+    {
+        struct writer_options wo = {
+            .store = st,
+            .deliver = deliver,
+            .ctx = srv,
+            .max_batch = 1024,
+            .purge_interval_ms = cfg->store.purge_interval_ms,
+            .sync_interval_ms = cfg->store.durability == CONFIG_DURABILITY_INTERVAL
+                                    ? cfg->store.sync_interval_ms
+                                    : 0,
+        };
+        if (writer_start(&wo, &srv->writer) != 0) {
+            snprintf(err, errlen, "cannot start the store writer");
+            goto fail;
+        }
+    }
+    for (unsigned i = 0; i < n; i++) {
+        int fd = open_listener(&ss, sslen, err, errlen);
+        if (fd < 0)
+            goto fail;
+        if (i == 0) {
+            /* Port 0: every worker binds the port the first one got. */
+            struct sockaddr_storage bound;
+            socklen_t bl = sizeof(bound);
+            if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0) {
+                memcpy(&ss, &bound, bl);
+                sslen = bl;
+            }
+        }
+        if (worker_init(&srv->workers[i], fd, err, errlen) != 0) {
+            close(fd);
+            goto fail;
+        }
+    }
+    for (started = 0; started < n; started++) {
+        if (pthread_create(&srv->workers[started].thread, NULL, worker_main,
+                           &srv->workers[started]) != 0) {
+            snprintf(err, errlen, "cannot start worker threads");
+            goto fail;
+        }
+    }
+    {
+        char host[INET6_ADDRSTRLEN] = "?";
+        int port = 0;
+        if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *sin = (const struct sockaddr_in *)(const void *)&ss;
+            inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
+            port = ntohs(sin->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)(const void *)&ss;
+            inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
+            port = ntohs(sin6->sin6_port);
+        }
+        fprintf(stderr, "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s\n",
+                host, port, n, srv->upstream_base, cfg->store.path);
+    }
+    *out = srv;
+    return 0;
+fail:
+    if (srv != NULL) {
+        atomic_store(&srv->stopping, 1);
+        for (unsigned i = 0; i < started; i++) {
+            uint64_t one = 1;
+            ssize_t wr = write(srv->workers[i].evfd, &one, sizeof(one));
+            (void)wr;
+            pthread_join(srv->workers[i].thread, NULL);
+        }
+        for (unsigned i = 0; srv->workers != NULL && i < n; i++)
+            worker_fini(&srv->workers[i]);
+        writer_stop(srv->writer);
+        free(srv->workers);
+        free(srv->upstream_base);
+        free(srv);
+    }
+    return rc;
+}
+
+void proxy_server_stop(struct proxy_server *srv)
+{
+    atomic_store(&srv->stopping, 1);
+    for (unsigned i = 0; i < srv->n_workers; i++) {
+        uint64_t one = 1;
+        ssize_t wr = write(srv->workers[i].evfd, &one, sizeof(one));
+        (void)wr;
+    }
+}
+
+int proxy_server_join(struct proxy_server *srv)
+{
+    for (unsigned i = 0; i < srv->n_workers; i++)
+        pthread_join(srv->workers[i].thread, NULL);
+    for (unsigned i = 0; i < srv->n_workers; i++)
+        worker_fini(&srv->workers[i]);
+    /* Every record is settled; the writer flushes what is queued. */
+    writer_stop(srv->writer);
+    free(srv->workers);
+    free(srv->upstream_base);
+    free(srv);
+    return 0;
+}

@@ -1,0 +1,60 @@
+/*
+ * writer.h - the store's single writer thread: group commit.
+ *
+ * Every store write of the process goes through one thread that takes all
+ * the jobs queued since its last transaction and applies them in ONE write
+ * transaction (store_apply), so durability "sync" costs one fsync per batch
+ * rather than one per request: while a batch syncs, the next one queues.
+ * The same thread purges expired records (every purge_interval, in bounded
+ * batches, and at once when the store reports full), clears stale reader
+ * slots, and, with durability "interval", syncs every sync_interval.
+ *
+ * Threads: writer_submit() is thread-safe and never blocks on I/O. The
+ * deliver callback runs on the writer thread, once per batch, after commit.
+ */
+#ifndef IDEM_WRITER_H
+#define IDEM_WRITER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+
+struct writer_job {
+    struct store_op op;      /* in/out; see store.h */
+    void *owner;             /* the submitter's context; untouched */
+    int error;               /* out: 0, or a negative store error */
+    struct writer_job *next; /* internal */
+};
+
+/* Called on the writer thread with every job of a committed (or failed)
+ * batch. The jobs belong to their submitters again once it is called. */
+typedef void (*writer_deliver_fn)(struct writer_job **jobs, size_t n, void *ctx);
+
+struct writer_options {
+    struct store *store; /* borrowed; outlives the writer */
+    writer_deliver_fn deliver;
+    void *ctx;
+    size_t max_batch;         /* ops per transaction; 0 = 1024 */
+    int64_t purge_interval_ms;
+    int64_t sync_interval_ms; /* 0: the store syncs each commit itself */
+};
+
+struct writer;
+
+int writer_start(const struct writer_options *opt, struct writer **out);
+/* Queues a job; it is delivered exactly once. Never blocks on the store. */
+void writer_submit(struct writer *w, struct writer_job *job);
+/* Applies whatever is queued, then stops the thread and frees it.
+ * writer_stop(NULL) is a no-op. */
+void writer_stop(struct writer *w);
+
+struct writer_stats {
+    uint64_t batches;
+    uint64_t ops;
+    uint64_t max_batch;
+    uint64_t purged;
+};
+void writer_get_stats(struct writer *w, struct writer_stats *out);
+
+#endif
