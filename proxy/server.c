@@ -127,6 +127,8 @@ struct request {
     uint8_t *resp_body;
     size_t resp_len, resp_cap;
     bool resp_too_large;
+    unsigned sends;      /* times libcurl was about to send this request */
+    bool resend_blocked; /* a silent resend was refused */
     int64_t upstream_start_ms;
     double upstream_ms;
 
@@ -619,6 +621,30 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
     return len;
 }
 
+/*
+ * libcurl silently resends a request on a fresh connection when a reused
+ * one dies before any response byte, POST included. The first send may well
+ * have run the action, so a keyed request must never be sent twice: the
+ * second call of this hook for one transfer aborts it, and the exchange
+ * counts as an unknown outcome (upstream-broken, on_unknown decides).
+ * Unkeyed requests keep libcurl's behaviour, as any proxy would.
+ */
+static int on_upstream_prereq(void *clientp, char *conn_primary_ip, char *conn_local_ip,
+                              int conn_primary_port, int conn_local_port)
+{
+    struct request *r = clientp;
+    (void)conn_primary_ip;
+    (void)conn_local_ip;
+    (void)conn_primary_port;
+    (void)conn_local_port;
+    r->sends++;
+    if (r->keyed && r->sends > 1) {
+        r->resend_blocked = true;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+
 static int start_upstream(struct request *r)
 {
     const struct config *cfg = r->w->srv->cfg;
@@ -698,6 +724,8 @@ static int start_upstream(struct request *r)
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_upstream_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_upstream_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
     if (strcmp(r->method, "GET") == 0 && r->body_len == 0) {
         curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
@@ -737,6 +765,8 @@ static enum idem_upstream_result classify(struct request *r, CURLcode code)
         return IDEM_UPSTREAM_RESPONSE;
     if (r->resp_too_large)
         return IDEM_UPSTREAM_TOO_LARGE;
+    if (r->resend_blocked)
+        return IDEM_UPSTREAM_BROKEN;
     curl_easy_getinfo(r->easy, CURLINFO_REQUEST_SIZE, &req_size);
     (void)sent;
     switch (code) {
