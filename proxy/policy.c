@@ -427,7 +427,7 @@ int idem_filter_request_headers(const struct idem_headers *in,
 
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
-        bool drop = false;
+        bool drop = strncasecmp(hd->name, "X-Forwarded-", 12) == 0; /* all forgeable */
         if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
             return -1;
         if (strcasecmp(hd->name, "Host") == 0 && host == NULL)
