@@ -533,7 +533,7 @@ long idem_retry_after_seconds(int64_t lease_expires_ms, int64_t now_ms)
     long s;
     if (left <= 0)
         return 1;
-    s = (long)((left + 999) / 1000);
+    s = (long)(left / 1000 + (left % 1000 != 0)); /* round up; left + 999 could overflow */
     return s < 1 ? 1 : s;
 }
 
