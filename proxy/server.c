@@ -1135,6 +1135,16 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                         "a request header could not be read", "rejected", 0, true);
         return false;
     }
+    /* RFC 6585 section 5: the request line plus every field line, as sent. */
+    if (strlen(method) + r->target_len + strlen(version) + 4 + r->headers.bytes +
+            4 * r->headers.n >
+        cfg->server.header_memory_bytes) {
+        snprintf(detail, sizeof(detail), "the request header block exceeds %zu bytes",
+                 cfg->server.header_memory_bytes);
+        respond_problem(r, 431, "headers-too-large", "Request header fields too large", detail,
+                        "rejected", 0, true);
+        return false;
+    }
     /* Framing libmicrohttpd lets through (RFC 9112 section 6.1 and 6.3):
      * any of these would let a front end and the upstream disagree on
      * where this request ends. */
@@ -1656,6 +1666,19 @@ static int open_listener(const struct sockaddr_storage *ss, socklen_t len, char 
     return fd;
 }
 
+/*
+ * libmicrohttpd answers a header block that overflows its per-connection
+ * memory with its own HTML 431. Its pool is therefore sized well above
+ * header_memory, and on_headers() enforces header_memory itself with a
+ * problem+json 431; only blocks past the pool still get libmicrohttpd's.
+ * Pool pages are touched only as far as a connection uses them.
+ */
+static size_t mhd_memory_bytes(const struct config *cfg)
+{
+    size_t m = cfg->server.header_memory_bytes * 4;
+    return m < 256 * 1024 ? 256 * 1024 : m;
+}
+
 static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen)
 {
     const struct config *cfg = w->srv->cfg;
@@ -1684,7 +1707,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
         MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)cfg->server.header_memory_bytes, MHD_OPTION_END);
+        mhd_memory_bytes(cfg), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "libmicrohttpd: cannot start the server");
         return -1;
