@@ -184,24 +184,34 @@ extern const struct store_ops store_lmdb_ops;
 struct store; /* opaque */
 
 /* Opens a store with the given backend (NULL: LMDB). On failure returns a
- * negative error and writes a message to err. *out is owned by the caller. */
+ * negative error and writes a message to err. *out is owned by the caller.
+ * opt->clock is copied; its ctx must outlive the store. A second open of a
+ * path this process already has open fails with STORE_EINVAL (lmdb.h: an
+ * environment must not be open twice in one process). */
 int store_open(const struct store_ops *backend, const struct store_options *opt,
                struct store **out, char *err, size_t errlen);
 /* store_close(NULL) is a no-op. */
 void store_close(struct store *st);
 
 /* Applies n ops in one atomic write transaction (see caveats). Returns 0 when
- * the transaction committed (each op has its outcome), negative otherwise. */
+ * the transaction committed (each op has its outcome), negative otherwise.
+ * Ops are checked first: an unknown kind, lease_ms or ttl_ms <= 0 where used,
+ * a complete status outside 100..599 or a NULL span with a length fails the
+ * call with STORE_EINVAL before anything is applied. A record that does not
+ * decode fails it with STORE_ECORRUPT. The replay field of every op is
+ * overwritten: clear a previous replay first. */
 int store_apply(struct store *st, struct store_op *ops, size_t n);
 
 /* Reads a record without the writer. Returns 0 and fills *out (state ABSENT
  * when there is none, or when it is a COMPLETE record past its TTL, which is
- * treated as absent even before a purge). */
+ * treated as absent even before a purge). *out needs no initialisation; on
+ * an error it is left empty. */
 int store_get(struct store *st, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
 
 /* Deletes up to max_records purgeable records, oldest expiry first, in one
  * write transaction, using the expiry index (never a full scan). *more is set
- * when more may be due. */
+ * when more may be due. max_records 0 is STORE_EINVAL; purged and more may
+ * be NULL. */
 int store_purge(struct store *st, size_t max_records, size_t *purged, bool *more);
 
 /* Clears reader slots left by dead processes (mdb_reader_check). */
@@ -212,7 +222,10 @@ int store_scan(struct store *st, store_scan_fn fn, void *ctx);
 /* Flushes to disk (for durability "interval"). */
 int store_sync(struct store *st);
 
-/* Convenience single-edge calls: each is store_apply() of one op. */
+/* Convenience single-edge calls: each is store_apply() of one op.
+ * store_acquire() fills *out entirely (it need not be initialised) and always
+ * asks for the replay copy: clear out->replay with store_record_clear().
+ * outcome may be NULL. */
 int store_acquire(struct store *st, const uint8_t key[STORE_KEY_BYTES],
                   const uint8_t fingerprint[STORE_FINGERPRINT_BYTES], int64_t lease_ms,
                   int64_t ttl_ms, struct store_op *out);
@@ -230,6 +243,8 @@ int store_extend(struct store *st, const uint8_t key[STORE_KEY_BYTES],
  * The record key: SHA-256 over the length-prefixed scope and key, so that
  * ("ab","c") and ("a","bc") differ and keys longer than LMDB's 511-byte key
  * limit fit. The scope already includes the scope_header hash if any.
+ * It cannot fail short of OpenSSL running out of memory, and then it aborts:
+ * a made-up key could merge two identities.
  */
 void store_key_derive(const void *scope, size_t scope_len, const void *key, size_t key_len,
                       uint8_t out[STORE_KEY_BYTES]);

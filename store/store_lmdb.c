@@ -1,0 +1,984 @@
+/*
+ * store_lmdb.c - the LMDB backend.
+ *
+ * Two named databases in one environment:
+ *   records  32-byte record key -> encoded record (record.c)
+ *   expiry   8-byte big-endian purge time + 32-byte record key -> empty
+ * The expiry index lets purge walk records in order of the time they become
+ * purgeable instead of scanning everything. Invariant, kept inside every
+ * write transaction: each record has exactly one index entry, and its time
+ * is the record's expires_ms. An entry that breaks the invariant (its record
+ * is missing, or has another expiry) is stale and purge drops it.
+ *
+ * Writes: every store_apply() is one write transaction (the group commit).
+ * LMDB admits one writer at a time across all processes sharing the path.
+ * Reads: read-only transactions with MDB_NOTLS, so any thread may read and a
+ * transaction is not tied to the thread that began it; finished read
+ * transactions are reset and kept in a small pool so the hot path (replay
+ * lookups) renews one instead of allocating one and taking a reader slot.
+ */
+#include "store.h"
+#include "store_internal.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <openssl/crypto.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define LMDB_DEFAULT_MAP_BYTES ((uint64_t)1 << 30)
+#define LMDB_MAX_DBS 4
+/* Reader slots are shared by every process on the path; each pooled read
+ * transaction holds one. */
+#define LMDB_MAX_READERS 1024
+#define LMDB_READ_POOL 64
+#define INDEX_KEY_BYTES (8 + STORE_KEY_BYTES)
+/* When a batch hits MDB_MAP_FULL, apply purges at most this many batches of
+ * this many records before retrying: bounded, so a full store of live
+ * records costs a few short transactions, not a scan. */
+#define FULL_PURGE_BATCH 256
+#define FULL_PURGE_ROUNDS 8
+
+struct lmdb_store {
+    MDB_env *env;
+    MDB_dbi records;
+    MDB_dbi expiry;
+    struct store_clock clock;
+    _Atomic uint64_t commits;
+    _Atomic uint64_t ops_committed;
+
+    pthread_mutex_t pool_lock;
+    MDB_txn *pool[LMDB_READ_POOL]; /* reset read transactions */
+    size_t pool_len;
+
+    /* The environment's identity, for the same-process guard below. */
+    dev_t dev;
+    ino_t ino;
+    pid_t pid;
+    struct lmdb_store *next_open;
+};
+
+/*
+ * lmdb.h: "Do not have open an LMDB database twice in the same process at
+ * the same time": the second open would take the file locks the first one
+ * relies on and reinitialise the shared reader table under it. So a process
+ * keeps a list of the environments it has open and refuses a second one.
+ * Entries carry the pid: a child after fork() inherits the list but not the
+ * locks, and may open the path afresh.
+ */
+static pthread_mutex_t open_envs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lmdb_store *open_envs;
+
+static bool open_envs_add(struct lmdb_store *s)
+{
+    bool added = true;
+    pthread_mutex_lock(&open_envs_lock);
+    for (struct lmdb_store *e = open_envs; e != NULL; e = e->next_open) {
+        if (e->dev == s->dev && e->ino == s->ino && e->pid == s->pid) {
+            added = false;
+        }
+    }
+    if (added) {
+        s->next_open = open_envs;
+        open_envs = s;
+    }
+    pthread_mutex_unlock(&open_envs_lock);
+    return added;
+}
+
+static void open_envs_remove(struct lmdb_store *s)
+{
+    pthread_mutex_lock(&open_envs_lock);
+    for (struct lmdb_store **pp = &open_envs; *pp != NULL; pp = &(*pp)->next_open) {
+        if (*pp == s) {
+            *pp = s->next_open;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&open_envs_lock);
+}
+
+/* LMDB and errno codes to store errors. MDB_TXN_FULL counts as full: the
+ * remedy is the same (smaller transactions). */
+static int map_err(int rc)
+{
+    int e = STORE_EIO;
+    if (rc == 0) {
+        e = STORE_OK;
+    } else if (rc == MDB_MAP_FULL || rc == MDB_TXN_FULL) {
+        e = STORE_EFULL;
+    } else if (rc == ENOMEM) {
+        e = STORE_ENOMEM;
+    }
+    return e;
+}
+
+static int64_t now_ms(const struct lmdb_store *s)
+{
+    return s->clock.now_ms(s->clock.ctx);
+}
+
+/* now + delta without signed overflow (delta > 0 is checked by store.c). */
+static int64_t add_ms(int64_t now, int64_t delta)
+{
+    return delta > INT64_MAX - now ? INT64_MAX : now + delta;
+}
+
+/* The index orders by time with memcmp, so the time is stored big-endian
+ * with the sign bit flipped: negative times (a test clock) sort first. */
+static void index_key(uint8_t out[INDEX_KEY_BYTES], int64_t t, const uint8_t key[STORE_KEY_BYTES])
+{
+    uint64_t u = (uint64_t)t ^ ((uint64_t)1 << 63);
+    for (size_t i = 0; i < 8; i++) {
+        out[i] = (uint8_t)(u >> (56 - 8 * i));
+    }
+    memcpy(out + 8, key, STORE_KEY_BYTES);
+}
+
+static int64_t index_time(const uint8_t in[INDEX_KEY_BYTES])
+{
+    uint64_t u = 0;
+    int64_t t;
+    for (size_t i = 0; i < 8; i++) {
+        u = (u << 8) | in[i];
+    }
+    u ^= (uint64_t)1 << 63;
+    if (u <= (uint64_t)INT64_MAX) {
+        t = (int64_t)u;
+    } else {
+        t = -(int64_t)(UINT64_MAX - u) - 1;
+    }
+    return t;
+}
+
+static int index_put(struct lmdb_store *s, MDB_txn *txn, int64_t t,
+                     const uint8_t key[STORE_KEY_BYTES])
+{
+    uint8_t k[INDEX_KEY_BYTES];
+    MDB_val kv = {sizeof(k), k};
+    MDB_val dv = {0, NULL};
+
+    index_key(k, t, key);
+    return map_err(mdb_put(txn, s->expiry, &kv, &dv, 0));
+}
+
+/* Deleting an entry that is not there is fine: the invariant says it is,
+ * but purge copes with either. */
+static int index_del(struct lmdb_store *s, MDB_txn *txn, int64_t t,
+                     const uint8_t key[STORE_KEY_BYTES])
+{
+    uint8_t k[INDEX_KEY_BYTES];
+    MDB_val kv = {sizeof(k), k};
+    int rc;
+
+    index_key(k, t, key);
+    rc = mdb_del(txn, s->expiry, &kv, NULL);
+    return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
+}
+
+/* Loads a record into a view that borrows from the transaction. */
+static int record_load(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                       struct store_record_view *v, bool *found)
+{
+    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
+    MDB_val dv;
+    int rc = mdb_get(txn, s->records, &kv, &dv);
+
+    *found = false;
+    if (rc == MDB_NOTFOUND) {
+        memset(v, 0, sizeof(*v));
+        rc = STORE_OK;
+    } else if (rc != 0) {
+        rc = map_err(rc);
+    } else {
+        rc = store_record_parse(dv.mv_data, dv.mv_size, v);
+        *found = rc == STORE_OK;
+    }
+    return rc;
+}
+
+/* Encodes v straight into space LMDB reserves for the value. v must not
+ * borrow from the database itself (the reserve may move pages): every
+ * caller builds it from its own fields and caller spans. */
+static int record_put(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                      const struct store_record_view *v)
+{
+    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
+    MDB_val dv = {0, NULL};
+    int rc = store_record_size(v, &dv.mv_size);
+
+    if (rc == STORE_OK) {
+        rc = map_err(mdb_put(txn, s->records, &kv, &dv, MDB_RESERVE));
+    }
+    if (rc == STORE_OK) {
+        store_record_write(v, dv.mv_data);
+    }
+    return rc;
+}
+
+static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES])
+{
+    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
+    int rc = mdb_del(txn, s->records, &kv, NULL);
+    return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
+}
+
+/* A lease id is a capability: whoever knows it may complete the record, so
+ * it comes from the kernel's CSPRNG. */
+static int new_lease_id(uint8_t out[STORE_LEASE_ID_BYTES])
+{
+    int rc = STORE_OK;
+    size_t got = 0;
+    while (got < STORE_LEASE_ID_BYTES) {
+        ssize_t n = getrandom(out + got, STORE_LEASE_ID_BYTES - got, 0);
+        if (n < 0 && errno != EINTR) {
+            rc = STORE_EIO;
+            break;
+        }
+        if (n > 0) {
+            got += (size_t)n;
+        }
+    }
+    return rc;
+}
+
+static bool lease_matches(const struct store_record_view *v, const uint8_t lease_id[])
+{
+    /* Constant time, so a caller cannot learn a lease id byte by byte. */
+    return CRYPTO_memcmp(v->lease_id, lease_id, STORE_LEASE_ID_BYTES) == 0;
+}
+
+/* The result of one op, kept apart from the op until the transaction
+ * commits: a failed call leaves the caller's ops untouched. */
+struct op_result {
+    enum store_outcome outcome;
+    bool stolen;
+    int64_t lease_expires_ms;
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+    struct store_record replay;
+};
+
+static void result_clear(struct op_result *r)
+{
+    store_record_clear(&r->replay);
+    memset(r, 0, sizeof(*r));
+}
+
+static int do_acquire(struct lmdb_store *s, MDB_txn *txn, int64_t now, const struct store_op *op,
+                      struct op_result *res)
+{
+    struct store_record_view cur;
+    struct store_record_view next;
+    bool found = false;
+    bool same_fp;
+    int rc = record_load(s, txn, op->key, &cur, &found);
+
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    same_fp = found && memcmp(cur.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+    if (found && cur.state == STORE_STATE_COMPLETE && cur.expires_ms > now) {
+        res->outcome = same_fp ? STORE_REPLAY : STORE_MISMATCH;
+        if (same_fp && op->want_replay) {
+            rc = store_record_copy(&cur, &res->replay); /* before the txn ends */
+        }
+        goto out;
+    }
+    if (found && cur.state == STORE_STATE_IN_PROGRESS && cur.lease_expires_ms > now) {
+        res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
+        if (same_fp) {
+            res->lease_expires_ms = cur.lease_expires_ms;
+        }
+        goto out;
+    }
+    /* Absent, COMPLETE past its TTL (absent even before a purge, seed 000),
+     * or IN_PROGRESS with an expired lease: a steal. */
+    if (found) {
+        rc = index_del(s, txn, cur.expires_ms, op->key);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+    }
+    memset(&next, 0, sizeof(next));
+    next.state = STORE_STATE_IN_PROGRESS;
+    rc = new_lease_id(next.lease_id);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    next.lease_expires_ms = add_ms(now, op->lease_ms);
+    next.expires_ms = add_ms(now, op->ttl_ms);
+    memcpy(next.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES);
+    rc = record_put(s, txn, op->key, &next);
+    if (rc == STORE_OK) {
+        rc = index_put(s, txn, next.expires_ms, op->key);
+    }
+    if (rc == STORE_OK) {
+        res->outcome = STORE_ACQUIRED;
+        res->stolen = found && cur.state == STORE_STATE_IN_PROGRESS;
+        res->lease_expires_ms = next.lease_expires_ms;
+        memcpy(res->lease_id, next.lease_id, STORE_LEASE_ID_BYTES);
+    }
+out:
+    return rc;
+}
+
+/* Complete, release and extend: each needs the record IN_PROGRESS under the
+ * caller's lease, which is what fences a stale owner out after a steal
+ * (seed 000, "Fencing"). A lease that expired but was not stolen still
+ * matches: nobody else has been given the record. */
+static int do_leased(struct lmdb_store *s, MDB_txn *txn, int64_t now, const struct store_op *op,
+                     struct op_result *res)
+{
+    struct store_record_view cur;
+    struct store_record_view next;
+    bool found = false;
+    int rc = record_load(s, txn, op->key, &cur, &found);
+
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    res->outcome = STORE_FENCED;
+    if (!found || cur.state != STORE_STATE_IN_PROGRESS || !lease_matches(&cur, op->lease_id)) {
+        goto out;
+    }
+    /* next is built field by field: cur borrows from the database, and an
+     * IN_PROGRESS record has no payload to carry over anyway. */
+    memset(&next, 0, sizeof(next));
+    next.state = cur.state;
+    memcpy(next.lease_id, cur.lease_id, STORE_LEASE_ID_BYTES);
+    next.lease_expires_ms = cur.lease_expires_ms;
+    next.expires_ms = cur.expires_ms;
+    memcpy(next.fingerprint, cur.fingerprint, STORE_FINGERPRINT_BYTES);
+
+    switch (op->kind) {
+    case STORE_OP_COMPLETE:
+        /* TTL counts from completion (CONTRACT.md section 2). */
+        next.state = STORE_STATE_COMPLETE;
+        next.expires_ms = add_ms(now, op->ttl_ms);
+        next.status = op->status;
+        next.headers = op->headers.ptr;
+        next.headers_len = op->headers.len;
+        next.body = op->body.ptr;
+        next.body_len = op->body.len;
+        rc = index_del(s, txn, cur.expires_ms, op->key);
+        if (rc == STORE_OK) {
+            rc = record_put(s, txn, op->key, &next);
+        }
+        if (rc == STORE_OK) {
+            rc = index_put(s, txn, next.expires_ms, op->key);
+        }
+        break;
+    case STORE_OP_RELEASE:
+        /* No failed state: the row goes, and the key is as if never used. */
+        rc = index_del(s, txn, cur.expires_ms, op->key);
+        if (rc == STORE_OK) {
+            rc = record_del(s, txn, op->key);
+        }
+        break;
+    default: /* STORE_OP_EXTEND; the index follows expires_ms, not the lease */
+        next.lease_expires_ms = add_ms(now, op->lease_ms);
+        rc = record_put(s, txn, op->key, &next);
+        res->lease_expires_ms = next.lease_expires_ms;
+        break;
+    }
+    if (rc == STORE_OK) {
+        res->outcome = STORE_DONE;
+    }
+out:
+    return rc;
+}
+
+/* Applies ops[0..n) in one write transaction. On any failure nothing is
+ * committed and res[] is cleared. */
+static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
+                     size_t n)
+{
+    MDB_txn *txn = NULL;
+    int64_t now;
+    int rc = map_err(mdb_txn_begin(s->env, NULL, 0, &txn));
+
+    if (rc != STORE_OK) {
+        txn = NULL;
+        goto out;
+    }
+    /* Read the clock only once the writer lock is held: a wait for the
+     * lock must not make "now" stale. */
+    now = now_ms(s);
+    for (size_t i = 0; i < n && rc == STORE_OK; i++) {
+        if (ops[i].kind == STORE_OP_ACQUIRE) {
+            rc = do_acquire(s, txn, now, &ops[i], &res[i]);
+        } else {
+            rc = do_leased(s, txn, now, &ops[i], &res[i]);
+        }
+    }
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = map_err(mdb_txn_commit(txn)); /* frees txn, even when it fails */
+    txn = NULL;
+    if (rc == STORE_OK) {
+        atomic_fetch_add(&s->commits, 1);
+        atomic_fetch_add(&s->ops_committed, (uint64_t)n);
+    }
+out:
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+    if (rc != STORE_OK) {
+        for (size_t i = 0; i < n; i++) {
+            result_clear(&res[i]);
+        }
+    }
+    return rc;
+}
+
+static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more);
+
+/* The batch hit MDB_MAP_FULL, after which LMDB requires the transaction to be
+ * aborted. Make room by purging (a few bounded batches), then retry the ops
+ * one by one so that only the ops that still do not fit are refused. */
+static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
+                            size_t n)
+{
+    size_t purged = 0;
+    bool more = true;
+    bool hard = false;
+
+    for (int round = 0; round < FULL_PURGE_ROUNDS && more; round++) {
+        /* A purge that fails (it may be full itself) just stops early. */
+        if (lmdb_purge(s, FULL_PURGE_BATCH, &purged, &more) != STORE_OK) {
+            more = false;
+        }
+    }
+    /* Earlier ops may commit here, so the call itself succeeds and reports
+     * them; an op that still does not fit is reported as not applied, and
+     * after a hard error so is every later op (that error would repeat;
+     * a corrupt record concerns its own op only). */
+    for (size_t i = 0; i < n; i++) {
+        int rc = hard ? STORE_EIO : run_batch(s, &ops[i], &res[i], 1);
+        if (rc != STORE_OK) {
+            res[i].outcome = STORE_FULL;
+            hard = hard || (rc != STORE_EFULL && rc != STORE_ECORRUPT);
+        }
+    }
+    return STORE_OK;
+}
+
+static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
+{
+    struct lmdb_store *s = impl;
+    struct op_result one;
+    struct op_result *res = &one;
+    int rc = STORE_OK;
+
+    memset(&one, 0, sizeof(one));
+    if (n > 1) {
+        res = calloc(n, sizeof(*res));
+        if (res == NULL) {
+            rc = STORE_ENOMEM;
+            goto out;
+        }
+    }
+    rc = run_batch(s, ops, res, n);
+    if (rc == STORE_EFULL) {
+        rc = apply_after_full(s, ops, res, n);
+    }
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct store_op *op = &ops[i];
+        op->outcome = res[i].outcome;
+        op->stolen = res[i].stolen;
+        op->lease_expires_ms = res[i].lease_expires_ms;
+        if (op->kind == STORE_OP_ACQUIRE) {
+            memcpy(op->lease_id, res[i].lease_id, STORE_LEASE_ID_BYTES);
+        }
+        op->replay = res[i].replay; /* ownership moves to the caller */
+    }
+out:
+    if (res != &one) {
+        free(res);
+    }
+    return rc;
+}
+
+/* Takes a read transaction from the pool (renewed to the latest snapshot)
+ * or begins a new one. */
+static int read_begin(struct lmdb_store *s, MDB_txn **out)
+{
+    MDB_txn *txn = NULL;
+    int rc = STORE_OK;
+
+    pthread_mutex_lock(&s->pool_lock);
+    if (s->pool_len > 0) {
+        txn = s->pool[--s->pool_len];
+    }
+    pthread_mutex_unlock(&s->pool_lock);
+    if (txn != NULL && mdb_txn_renew(txn) != 0) {
+        mdb_txn_abort(txn);
+        txn = NULL;
+    }
+    if (txn == NULL) {
+        rc = map_err(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
+    }
+    *out = rc == STORE_OK ? txn : NULL;
+    return rc;
+}
+
+/* Ends a read transaction: reset (it no longer pins a snapshot, so writers
+ * can reuse pages) and pooled, or aborted when the pool is full. */
+static void read_end(struct lmdb_store *s, MDB_txn *txn)
+{
+    mdb_txn_reset(txn);
+    pthread_mutex_lock(&s->pool_lock);
+    if (s->pool_len < LMDB_READ_POOL) {
+        s->pool[s->pool_len++] = txn;
+        txn = NULL;
+    }
+    pthread_mutex_unlock(&s->pool_lock);
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+}
+
+static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    struct store_record_view v;
+    bool found = false;
+    int rc;
+
+    memset(out, 0, sizeof(*out));
+    rc = read_begin(s, &txn);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = record_load(s, txn, key, &v, &found);
+    /* A COMPLETE record past its TTL is absent even before a purge. */
+    if (rc == STORE_OK && found &&
+        !(v.state == STORE_STATE_COMPLETE && v.expires_ms <= now_ms(s))) {
+        rc = store_record_copy(&v, out); /* the value dies with the txn */
+    }
+    read_end(s, txn);
+out:
+    return rc;
+}
+
+/* One purge transaction. Each step takes the first index entry again rather
+ * than walking a cursor: every entry handled leaves the due range (deleted,
+ * or moved past now), so the first entry is always the next one due. */
+static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    size_t handled = 0;
+    size_t deleted = 0;
+    bool changed = false;
+    int64_t now;
+    int rc = map_err(mdb_txn_begin(s->env, NULL, 0, &txn));
+
+    *purged = 0;
+    *more = false;
+    if (rc != STORE_OK) {
+        txn = NULL;
+        goto out;
+    }
+    now = now_ms(s);
+    rc = map_err(mdb_cursor_open(txn, s->expiry, &cur));
+    while (rc == STORE_OK) {
+        MDB_val kv;
+        MDB_val dv;
+        uint8_t ik[INDEX_KEY_BYTES];
+        const uint8_t *key = ik + 8;
+        struct store_record_view v;
+        bool found = false;
+        int64_t t;
+        int got = mdb_cursor_get(cur, &kv, &dv, MDB_FIRST);
+
+        if (got == MDB_NOTFOUND) {
+            break;
+        }
+        if (got != 0) {
+            rc = map_err(got);
+            break;
+        }
+        if (kv.mv_size != INDEX_KEY_BYTES) {
+            /* Not an entry this code writes; drop it so it cannot block the
+             * head of the index. */
+            rc = map_err(mdb_cursor_del(cur, 0));
+            changed = true;
+            continue;
+        }
+        memcpy(ik, kv.mv_data, INDEX_KEY_BYTES); /* copied: pages change below */
+        t = index_time(ik);
+        if (t > now) {
+            break;
+        }
+        if (handled == max_records) {
+            *more = true;
+            break;
+        }
+        handled++;
+        changed = true;
+        rc = record_load(s, txn, key, &v, &found);
+        if (rc == STORE_ECORRUPT) {
+            /* An undecodable record can never be served, and its due entry
+             * would block purging forever: it goes. */
+            rc = record_del(s, txn, key);
+            if (rc == STORE_OK) {
+                rc = index_del(s, txn, t, key);
+                deleted++;
+            }
+            continue;
+        }
+        if (rc != STORE_OK) {
+            break;
+        }
+        if (!found || v.expires_ms != t) {
+            rc = index_del(s, txn, t, key); /* stale entry */
+        } else if (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= now) {
+            /* COMPLETE past its TTL, or IN_PROGRESS past its TTL whose lease
+             * expired too (CONTRACT.md section 2, purge). */
+            rc = record_del(s, txn, key);
+            if (rc == STORE_OK) {
+                rc = index_del(s, txn, t, key);
+            }
+            deleted++;
+        } else {
+            /* IN_PROGRESS past its TTL under a live lease: a long action is
+             * never purged out from under itself (seed 000). Its expiry
+             * moves to the lease's, so that the index entry comes due again
+             * then and the invariant (entry time == expires_ms) holds; for
+             * an IN_PROGRESS record expires_ms only decides purging. */
+            struct store_record_view next;
+            memset(&next, 0, sizeof(next));
+            next.state = STORE_STATE_IN_PROGRESS;
+            memcpy(next.lease_id, v.lease_id, STORE_LEASE_ID_BYTES);
+            next.lease_expires_ms = v.lease_expires_ms;
+            next.expires_ms = v.lease_expires_ms;
+            memcpy(next.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
+            rc = index_del(s, txn, t, key);
+            if (rc == STORE_OK) {
+                rc = record_put(s, txn, key, &next);
+            }
+            if (rc == STORE_OK) {
+                rc = index_put(s, txn, next.expires_ms, key);
+            }
+        }
+    }
+    if (cur != NULL) {
+        mdb_cursor_close(cur);
+    }
+    if (rc != STORE_OK || !changed) {
+        goto out; /* nothing to commit: abort, no disk write */
+    }
+    rc = map_err(mdb_txn_commit(txn));
+    txn = NULL;
+    if (rc == STORE_OK) {
+        atomic_fetch_add(&s->commits, 1);
+        *purged = deleted;
+    }
+out:
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+    if (rc != STORE_OK) {
+        *more = false;
+    }
+    return rc;
+}
+
+static int lmdb_reader_check(void *impl, int *cleared)
+{
+    struct lmdb_store *s = impl;
+    return map_err(mdb_reader_check(s->env, cleared));
+}
+
+static int lmdb_stats(void *impl, struct store_stats *out)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    MDB_stat st;
+    MDB_envinfo info;
+    int rc = read_begin(s, &txn);
+
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = map_err(mdb_stat(txn, s->records, &st));
+    read_end(s, txn);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    out->records = (uint64_t)st.ms_entries;
+    rc = map_err(mdb_env_info(s->env, &info));
+    if (rc == STORE_OK) {
+        rc = map_err(mdb_env_stat(s->env, &st));
+    }
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    out->commits = atomic_load(&s->commits);
+    out->ops_committed = atomic_load(&s->ops_committed);
+    out->map_size_bytes = (uint64_t)info.me_mapsize;
+    out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+out:
+    return rc;
+}
+
+static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_val kv;
+    MDB_val dv;
+    int rc = read_begin(s, &txn);
+    MDB_cursor_op step = MDB_FIRST;
+
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = map_err(mdb_cursor_open(txn, s->records, &cur));
+    while (rc == STORE_OK) {
+        struct store_record rec;
+        uint8_t key[STORE_KEY_BYTES];
+        int got = mdb_cursor_get(cur, &kv, &dv, step);
+
+        step = MDB_NEXT;
+        if (got == MDB_NOTFOUND) {
+            break;
+        }
+        if (got != 0 || kv.mv_size != STORE_KEY_BYTES) {
+            rc = got != 0 ? map_err(got) : STORE_ECORRUPT;
+            break;
+        }
+        memcpy(key, kv.mv_data, STORE_KEY_BYTES);
+        rc = store_record_decode(dv.mv_data, dv.mv_size, &rec);
+        if (rc != STORE_OK) {
+            break;
+        }
+        int stop = fn(key, &rec, ctx);
+        store_record_clear(&rec);
+        if (stop != 0) {
+            break;
+        }
+    }
+    if (cur != NULL) {
+        mdb_cursor_close(cur);
+    }
+    read_end(s, txn);
+out:
+    return rc;
+}
+
+static int lmdb_sync(void *impl)
+{
+    struct lmdb_store *s = impl;
+    return map_err(mdb_env_sync(s->env, 1));
+}
+
+/* mkdir -p with mode 0700: the store holds stored responses, which are
+ * nobody else's business. */
+static int make_dirs(const char *path, char *err, size_t errlen)
+{
+    int rc = STORE_OK;
+    char *buf = strdup(path);
+    struct stat sb;
+
+    if (buf == NULL) {
+        rc = STORE_ENOMEM;
+        snprintf(err, errlen, "store: out of memory");
+        goto out;
+    }
+    for (char *p = buf + 1; *p != '\0'; p++) {
+        if (*p != '/') {
+            continue;
+        }
+        *p = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+            rc = STORE_EIO;
+            snprintf(err, errlen, "store: cannot create %s: %s", buf, strerror(errno));
+            goto out;
+        }
+        *p = '/';
+    }
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+        rc = STORE_EIO;
+        snprintf(err, errlen, "store: cannot create %s: %s", buf, strerror(errno));
+        goto out;
+    }
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        rc = STORE_EIO;
+        snprintf(err, errlen, "store: %s is not a directory", path);
+    }
+out:
+    free(buf);
+    return rc;
+}
+
+/* Opens the two databases, creating them on first use. */
+static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
+{
+    MDB_txn *txn = NULL;
+    int lrc = mdb_txn_begin(s->env, NULL, 0, &txn);
+
+    if (lrc == 0) {
+        lrc = mdb_dbi_open(txn, "records", MDB_CREATE, &s->records);
+    }
+    if (lrc == 0) {
+        lrc = mdb_dbi_open(txn, "expiry", MDB_CREATE, &s->expiry);
+    }
+    if (lrc == 0) {
+        lrc = mdb_txn_commit(txn);
+    } else if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+    if (lrc != 0) {
+        snprintf(err, errlen, "store: cannot open databases: %s", mdb_strerror(lrc));
+    }
+    return map_err(lrc);
+}
+
+static void lmdb_close(void *impl);
+
+static int lmdb_open(const struct store_options *opt, void **impl, char *err, size_t errlen)
+{
+    struct lmdb_store *s = NULL;
+    uint64_t map_bytes = opt->map_size_bytes != 0 ? opt->map_size_bytes : LMDB_DEFAULT_MAP_BYTES;
+    unsigned int flags = MDB_NOTLS;
+    struct stat sb;
+    int dead = 0;
+    int lrc;
+    int rc = STORE_ENOMEM;
+
+    /* The store's callers may pass err == NULL; snprintf(NULL, 0) is fine. */
+    if (err == NULL) {
+        errlen = 0;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        snprintf(err, errlen, "store: out of memory");
+        goto out;
+    }
+    if (pthread_mutex_init(&s->pool_lock, NULL) != 0) {
+        free(s);
+        s = NULL;
+        snprintf(err, errlen, "store: cannot create a mutex");
+        goto out;
+    }
+    s->clock = opt->clock != NULL ? *opt->clock : store_clock_realtime;
+    rc = STORE_EINVAL;
+    if (s->clock.now_ms == NULL || map_bytes > SIZE_MAX) {
+        snprintf(err, errlen, "store: bad clock or map size");
+        goto out;
+    }
+    rc = make_dirs(opt->path, err, errlen);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = STORE_EIO;
+    if (stat(opt->path, &sb) != 0) {
+        snprintf(err, errlen, "store: %s: %s", opt->path, strerror(errno));
+        goto out;
+    }
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
+    s->pid = getpid();
+    if (!open_envs_add(s)) {
+        s->pid = 0; /* not ours to remove from the list */
+        rc = STORE_EINVAL;
+        snprintf(err, errlen, "store: %s is already open in this process", opt->path);
+        goto out;
+    }
+    lrc = mdb_env_create(&s->env);
+    if (lrc == 0) {
+        lrc = mdb_env_set_mapsize(s->env, (size_t)map_bytes);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_set_maxdbs(s->env, LMDB_MAX_DBS);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_set_maxreaders(s->env, LMDB_MAX_READERS);
+    }
+    if (lrc != 0) {
+        rc = map_err(lrc);
+        snprintf(err, errlen, "store: cannot create the environment: %s", mdb_strerror(lrc));
+        goto out;
+    }
+    /* MDB_NOTLS: reads happen on many threads and read transactions are
+     * pooled across them. MDB_NOSYNC when the caller syncs on an interval
+     * (store_sync); a crash may then lose the last commits, never
+     * consistency. */
+    if (!opt->sync) {
+        flags |= MDB_NOSYNC;
+    }
+    lrc = mdb_env_open(s->env, opt->path, flags, 0600);
+    if (lrc != 0) {
+        rc = map_err(lrc);
+        snprintf(err, errlen, "store: cannot open %s: %s", opt->path, mdb_strerror(lrc));
+        goto out;
+    }
+    /* A process that died inside a read transaction leaves its reader slot
+     * taken, pinning old pages until someone clears it. */
+    lrc = mdb_reader_check(s->env, &dead);
+    if (lrc != 0) {
+        rc = map_err(lrc);
+        snprintf(err, errlen, "store: reader check failed: %s", mdb_strerror(lrc));
+        goto out;
+    }
+    rc = open_dbs(s, err, errlen);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    *impl = s;
+    s = NULL;
+out:
+    if (s != NULL) {
+        lmdb_close(s);
+    }
+    return rc;
+}
+
+static void lmdb_close(void *impl)
+{
+    struct lmdb_store *s = impl;
+    if (s != NULL) {
+        /* Pooled transactions hold reader slots of this environment, so
+         * they go before it does. */
+        for (size_t i = 0; i < s->pool_len; i++) {
+            mdb_txn_abort(s->pool[i]);
+        }
+        if (s->env != NULL) {
+            mdb_env_close(s->env);
+        }
+        if (s->pid != 0) {
+            open_envs_remove(s);
+        }
+        pthread_mutex_destroy(&s->pool_lock);
+        free(s);
+    }
+}
+
+const struct store_ops store_lmdb_ops = {
+    .name = "lmdb",
+    .open = lmdb_open,
+    .close = lmdb_close,
+    .apply = lmdb_apply,
+    .get = lmdb_get,
+    .purge = lmdb_purge,
+    .reader_check = lmdb_reader_check,
+    .stats = lmdb_stats,
+    .scan = lmdb_scan,
+    .sync = lmdb_sync,
+};
