@@ -1,0 +1,1626 @@
+/*
+ * test_store.c - the store's record model (CONTRACT.md section 2, seed 000)
+ * against the LMDB backend, with an injected clock and a fresh store
+ * directory per test.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "store.h"
+
+#define T0 1700000000000LL /* any epoch works; this one looks like real time */
+
+struct fake_clock {
+    _Atomic int64_t now;
+};
+
+static int64_t fake_now(void *ctx)
+{
+    struct fake_clock *c = ctx;
+    return atomic_load(&c->now);
+}
+
+struct fixture {
+    char dir[64];   /* the mkdtemp directory, removed after the test */
+    char path[128]; /* the store path inside it */
+    struct fake_clock clock;
+    struct store_clock store_clock;
+    struct store *st;
+};
+
+static void advance(struct fixture *f, int64_t ms)
+{
+    atomic_fetch_add(&f->clock.now, ms);
+}
+
+static void set_now(struct fixture *f, int64_t t)
+{
+    atomic_store(&f->clock.now, t);
+}
+
+static int open_at(struct fixture *f, const char *path, uint64_t map_size, struct store **out)
+{
+    struct store_options opt;
+    char err[256];
+    int rc;
+
+    memset(&opt, 0, sizeof(opt));
+    opt.path = path;
+    opt.map_size_bytes = map_size;
+    opt.sync = false; /* durability is LMDB's business; keeps the tests fast */
+    opt.clock = &f->store_clock;
+    rc = store_open(NULL, &opt, out, err, sizeof(err));
+    if (rc != 0) {
+        print_error("store_open(%s): %s\n", path, err);
+    }
+    return rc;
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    int rc = -1;
+
+    if (f == NULL) {
+        goto out;
+    }
+    snprintf(f->dir, sizeof(f->dir), "/tmp/idem-store-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        free(f);
+        goto out;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/data", f->dir);
+    atomic_store(&f->clock.now, T0);
+    f->store_clock.now_ms = fake_now;
+    f->store_clock.ctx = &f->clock;
+    rc = open_at(f, f->path, 0, &f->st);
+    *state = f;
+out:
+    return rc;
+}
+
+/* rm -rf of the test's own temporary directory. */
+static void remove_tree(const char *path)
+{
+    struct stat sb;
+    DIR *d = NULL;
+
+    if (lstat(path, &sb) != 0) {
+        goto out;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        unlink(path);
+        goto out;
+    }
+    d = opendir(path);
+    for (struct dirent *e = d != NULL ? readdir(d) : NULL; e != NULL; e = readdir(d)) {
+        char sub[512];
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+            remove_tree(sub);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    rmdir(path);
+out:
+    return;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    store_close(f->st);
+    remove_tree(f->dir);
+    free(f);
+    return 0;
+}
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static void key_of(const char *name, uint8_t key[STORE_KEY_BYTES])
+{
+    store_key_derive("test", 4, name, strlen(name), key);
+}
+
+static void fp_of(uint8_t c, uint8_t fp[STORE_FINGERPRINT_BYTES])
+{
+    memset(fp, c, STORE_FINGERPRINT_BYTES);
+}
+
+/* Acquires and returns the outcome; the op (lease id etc.) goes to *op. */
+static enum store_outcome acquire(struct store *st, const char *name, uint8_t fpc, int64_t lease_ms,
+                                  int64_t ttl_ms, struct store_op *op)
+{
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+
+    key_of(name, key);
+    fp_of(fpc, fp);
+    assert_int_equal(store_acquire(st, key, fp, lease_ms, ttl_ms, op), 0);
+    return op->outcome;
+}
+
+static enum store_outcome complete(struct store *st, const char *name,
+                                   const uint8_t lease[STORE_LEASE_ID_BYTES], int64_t ttl_ms,
+                                   const char *body)
+{
+    uint8_t key[STORE_KEY_BYTES];
+    enum store_outcome o = 0;
+    struct store_span h = {"h: v\r\n", 6};
+    struct store_span b = {body, strlen(body)};
+
+    key_of(name, key);
+    assert_int_equal(store_complete(st, key, lease, ttl_ms, 201, h, b, &o), 0);
+    return o;
+}
+
+static enum store_outcome release(struct store *st, const char *name,
+                                  const uint8_t lease[STORE_LEASE_ID_BYTES])
+{
+    uint8_t key[STORE_KEY_BYTES];
+    enum store_outcome o = 0;
+
+    key_of(name, key);
+    assert_int_equal(store_release(st, key, lease, &o), 0);
+    return o;
+}
+
+static enum store_outcome extend(struct store *st, const char *name,
+                                 const uint8_t lease[STORE_LEASE_ID_BYTES], int64_t lease_ms)
+{
+    uint8_t key[STORE_KEY_BYTES];
+    enum store_outcome o = 0;
+
+    key_of(name, key);
+    assert_int_equal(store_extend(st, key, lease, lease_ms, &o), 0);
+    return o;
+}
+
+/* Reads a record; the caller clears it. */
+static void get(struct store *st, const char *name, struct store_record *rec)
+{
+    uint8_t key[STORE_KEY_BYTES];
+    key_of(name, key);
+    assert_int_equal(store_get(st, key, rec), 0);
+}
+
+static enum store_state state_of(struct store *st, const char *name)
+{
+    struct store_record rec;
+    enum store_state s;
+    get(st, name, &rec);
+    s = rec.state;
+    store_record_clear(&rec);
+    return s;
+}
+
+static uint64_t records_in(struct store *st)
+{
+    struct store_stats stats;
+    assert_int_equal(store_stats(st, &stats), 0);
+    return stats.records;
+}
+
+static void assert_body(const struct store_record *rec, const char *body)
+{
+    assert_int_equal(rec->body_len, strlen(body));
+    assert_memory_equal(rec->body, body, strlen(body));
+}
+
+/* ---- the edges --------------------------------------------------------- */
+
+static void test_acquire_creates_in_progress(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op op;
+    struct store_record rec;
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+    static const uint8_t zero[STORE_LEASE_ID_BYTES];
+
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &op), STORE_ACQUIRED);
+    assert_false(op.stolen);
+    assert_int_equal(op.lease_expires_ms, T0 + 1000);
+    assert_memory_not_equal(op.lease_id, zero, sizeof(zero));
+
+    get(f->st, "k", &rec);
+    fp_of('a', fp);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(rec.lease_id, op.lease_id, STORE_LEASE_ID_BYTES);
+    assert_memory_equal(rec.fingerprint, fp, sizeof(fp));
+    assert_int_equal(rec.lease_expires_ms, T0 + 1000);
+    assert_int_equal(rec.expires_ms, T0 + 60000);
+    assert_null(rec.body);
+    store_record_clear(&rec);
+}
+
+static void test_lease_ids_differ(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "b", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_memory_not_equal(a.lease_id, b.lease_id, STORE_LEASE_ID_BYTES);
+}
+
+static void test_live_in_progress_is_busy(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 999);
+    assert_int_equal(acquire(f->st, "k", 'a', 5000, 60000, &b), STORE_BUSY);
+    assert_int_equal(b.lease_expires_ms, T0 + 1000); /* the holder's, not ours */
+    assert_false(b.stolen);
+    /* The holder's lease was not disturbed. */
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "ok"), STORE_DONE);
+}
+
+static void test_other_fingerprint_is_mismatch(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_MISMATCH);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "ok"), STORE_DONE);
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_MISMATCH);
+    assert_int_equal(b.replay.state, STORE_STATE_ABSENT); /* no payload for a mismatch */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
+    store_record_clear(&b.replay);
+}
+
+static void test_replay_copies_payload_byte_for_byte(void **state)
+{
+    struct fixture *f = *state;
+    static const uint8_t headers[] = "Content-Type: application/octet-stream\r\nX-Z: \0\r\n";
+    static const uint8_t body[] = {0, 1, 2, 0, 0, 255, 'a', 0, '\r', '\n', 0};
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+    struct store_op op;
+    struct store_span h = {headers, sizeof(headers)};
+    struct store_span b = {body, sizeof(body)};
+    enum store_outcome o = 0;
+
+    key_of("k", key);
+    fp_of('a', fp);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &op), STORE_ACQUIRED);
+    assert_int_equal(store_complete(f->st, key, op.lease_id, 60000, 418, h, b, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &op), STORE_REPLAY);
+    assert_int_equal(op.replay.state, STORE_STATE_COMPLETE);
+    assert_int_equal(op.replay.status, 418);
+    assert_int_equal(op.replay.headers_len, sizeof(headers));
+    assert_memory_equal(op.replay.headers, headers, sizeof(headers));
+    assert_int_equal(op.replay.body_len, sizeof(body));
+    assert_memory_equal(op.replay.body, body, sizeof(body));
+    store_record_clear(&op.replay);
+    assert_null(op.replay.body);
+
+    /* Through store_apply without want_replay: the outcome, and no copy. */
+    memset(&op, 0, sizeof(op));
+    op.kind = STORE_OP_ACQUIRE;
+    memcpy(op.key, key, sizeof(key));
+    memcpy(op.fingerprint, fp, sizeof(fp));
+    op.lease_ms = 1000;
+    op.ttl_ms = 60000;
+    assert_int_equal(store_apply(f->st, &op, 1), 0);
+    assert_int_equal(op.outcome, STORE_REPLAY);
+    assert_null(op.replay.body);
+    assert_int_equal(op.replay.state, STORE_STATE_ABSENT);
+}
+
+static void test_double_complete_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op op;
+    struct store_record rec;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &op), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "k", op.lease_id, 60000, "first"), STORE_DONE);
+    assert_int_equal(complete(f->st, "k", op.lease_id, 60000, "second"), STORE_FENCED);
+    /* Release of a COMPLETE record is refused too: the result stays. */
+    assert_int_equal(release(f->st, "k", op.lease_id), STORE_FENCED);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_body(&rec, "first");
+    store_record_clear(&rec);
+}
+
+static void test_release_deletes_record(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(records_in(f->st), 1);
+    assert_int_equal(release(f->st, "k", a.lease_id), STORE_DONE);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+    assert_int_equal(records_in(f->st), 0);
+    /* As if the key had never been used: a new acquire, not a steal, and a
+     * different fingerprint is no mismatch. */
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_false(b.stolen);
+}
+
+static void test_complete_after_release_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op op;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &op), STORE_ACQUIRED);
+    assert_int_equal(release(f->st, "k", op.lease_id), STORE_DONE);
+    assert_int_equal(complete(f->st, "k", op.lease_id, 60000, "late"), STORE_FENCED);
+    assert_int_equal(release(f->st, "k", op.lease_id), STORE_FENCED);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+}
+
+static void test_release_after_steal_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_record rec;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 1000); /* lease_expires <= now: expired */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+    assert_int_equal(release(f->st, "k", a.lease_id), STORE_FENCED);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(rec.lease_id, b.lease_id, STORE_LEASE_ID_BYTES);
+    store_record_clear(&rec);
+    assert_int_equal(release(f->st, "k", b.lease_id), STORE_DONE);
+}
+
+static void test_stale_owner_fenced_after_steal(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_record rec;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 1500);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+    assert_memory_not_equal(a.lease_id, b.lease_id, STORE_LEASE_ID_BYTES);
+    assert_int_equal(b.lease_expires_ms, T0 + 2500);
+
+    /* The stale owner wakes up: everything it tries is refused. */
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "stale"), STORE_FENCED);
+    assert_int_equal(release(f->st, "k", a.lease_id), STORE_FENCED);
+    assert_int_equal(extend(f->st, "k", a.lease_id, 100000), STORE_FENCED);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(rec.lease_id, b.lease_id, STORE_LEASE_ID_BYTES);
+    assert_int_equal(rec.lease_expires_ms, T0 + 2500);
+    store_record_clear(&rec);
+
+    /* The new owner's complete wins and stays. */
+    assert_int_equal(complete(f->st, "k", b.lease_id, 60000, "fresh"), STORE_DONE);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "stale"), STORE_FENCED);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_body(&rec, "fresh");
+    store_record_clear(&rec);
+}
+
+static void test_expired_lease_holder_may_still_complete(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 5000); /* expired, but nobody stole it */
+    assert_int_equal(extend(f->st, "k", a.lease_id, 1000), STORE_DONE);
+    advance(f, 5000);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "late"), STORE_DONE);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_COMPLETE);
+}
+
+static void test_extend_is_silent_noop_otherwise(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op c;
+    struct store_record before;
+    struct store_record after;
+    uint8_t foreign[STORE_LEASE_ID_BYTES];
+
+    /* Missing record: nothing is created. */
+    memset(foreign, 0x5a, sizeof(foreign));
+    assert_int_equal(extend(f->st, "missing", foreign, 1000), STORE_FENCED);
+    assert_int_equal(state_of(f->st, "missing"), STORE_STATE_ABSENT);
+    assert_int_equal(records_in(f->st), 0);
+
+    /* Completed record, even with its own lease: unchanged. */
+    assert_int_equal(acquire(f->st, "done", 'a', 1000, 60000, &c), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "done", c.lease_id, 60000, "body"), STORE_DONE);
+    get(f->st, "done", &before);
+    advance(f, 10);
+    assert_int_equal(extend(f->st, "done", c.lease_id, 99999), STORE_FENCED);
+    get(f->st, "done", &after);
+    assert_int_equal(after.state, STORE_STATE_COMPLETE);
+    assert_int_equal(after.lease_expires_ms, before.lease_expires_ms);
+    assert_int_equal(after.expires_ms, before.expires_ms);
+    assert_body(&after, "body");
+    store_record_clear(&before);
+    store_record_clear(&after);
+
+    /* Someone else's lease on an IN_PROGRESS record: the lease is unmoved. */
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(extend(f->st, "held", foreign, 99999), STORE_FENCED);
+    get(f->st, "held", &after);
+    assert_int_equal(after.lease_expires_ms, a.lease_expires_ms);
+    store_record_clear(&after);
+}
+
+static void test_extend_prevents_steal(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op x;
+    struct store_op y;
+    struct store_op o;
+    uint8_t key[STORE_KEY_BYTES];
+    enum store_outcome out = 0;
+
+    assert_int_equal(acquire(f->st, "x", 'a', 1000, 60000, &x), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "y", 'a', 1000, 60000, &y), STORE_ACQUIRED);
+    advance(f, 800);
+    key_of("x", key);
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(store_extend(f->st, key, x.lease_id, 1000, &out), 0);
+    assert_int_equal(out, STORE_DONE);
+    advance(f, 400); /* past the original lease of both */
+    assert_int_equal(acquire(f->st, "x", 'a', 1000, 60000, &o), STORE_BUSY);
+    assert_int_equal(o.lease_expires_ms, T0 + 1800);
+    /* The control: the key that was not extended is stolen. */
+    assert_int_equal(acquire(f->st, "y", 'a', 1000, 60000, &o), STORE_ACQUIRED);
+    assert_true(o.stolen);
+}
+
+static void test_ttl_counts_from_completion(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op o;
+    struct store_record rec;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 10000, 10000, &a), STORE_ACQUIRED);
+    advance(f, 8000);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 10000, "r"), STORE_DONE);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.expires_ms, T0 + 18000);
+    store_record_clear(&rec);
+
+    set_now(f, T0 + 17999); /* past acquire + ttl, before complete + ttl */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 10000, &o), STORE_REPLAY);
+    store_record_clear(&o.replay);
+    set_now(f, T0 + 18000);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 10000, &o), STORE_ACQUIRED);
+    assert_false(o.stolen);
+}
+
+static int count_records(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
+                         void *ctx)
+{
+    (void)key;
+    (void)rec;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static void test_expired_complete_is_absent_before_purge(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    int n = 0;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 5000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 5000, "old"), STORE_DONE);
+    advance(f, 5000);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+    /* Still stored: no purge has run. */
+    assert_int_equal(records_in(f->st), 1);
+    assert_int_equal(store_scan(f->st, count_records, &n), 0);
+    assert_int_equal(n, 1);
+    /* Another fingerprint is no mismatch against an expired record. */
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 5000, &b), STORE_ACQUIRED);
+    assert_false(b.stolen);
+    assert_memory_not_equal(a.lease_id, b.lease_id, STORE_LEASE_ID_BYTES);
+    assert_int_equal(records_in(f->st), 1);
+}
+
+/* ---- purge --------------------------------------------------------------- */
+
+static void test_purge_deletes_expired_complete(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    size_t purged = 99;
+    bool more = true;
+
+    assert_int_equal(acquire(f->st, "short", 'a', 1000, 1000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "short", a.lease_id, 1000, "s"), STORE_DONE);
+    assert_int_equal(acquire(f->st, "long", 'a', 1000, 100000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "long", a.lease_id, 100000, "l"), STORE_DONE);
+
+    advance(f, 999);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_int_equal(records_in(f->st), 2);
+
+    advance(f, 1);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_false(more);
+    assert_int_equal(records_in(f->st), 1);
+    assert_int_equal(state_of(f->st, "long"), STORE_STATE_COMPLETE);
+}
+
+static void test_purge_in_progress_rules(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a; /* TTL live, lease expired: kept (stealable) */
+    struct store_op b; /* TTL elapsed, lease kept live by heartbeats: kept */
+    struct store_op c; /* both elapsed: purged */
+    size_t purged = 0;
+    bool more = true;
+
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 10000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "b", 'a', 1000, 2000, &b), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "c", 'a', 1000, 2000, &c), STORE_ACQUIRED);
+    set_now(f, T0 + 900);
+    assert_int_equal(extend(f->st, "b", b.lease_id, 1000), STORE_DONE);
+    set_now(f, T0 + 1800);
+    assert_int_equal(extend(f->st, "b", b.lease_id, 1000), STORE_DONE); /* to T0+2800 */
+
+    set_now(f, T0 + 2500);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(state_of(f->st, "a"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "b"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "c"), STORE_STATE_ABSENT);
+
+    /* b keeps its heartbeat going: purge comes back to it and keeps it. */
+    set_now(f, T0 + 2700);
+    assert_int_equal(extend(f->st, "b", b.lease_id, 1000), STORE_DONE); /* to T0+3700 */
+    set_now(f, T0 + 2900);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_int_equal(state_of(f->st, "b"), STORE_STATE_IN_PROGRESS);
+    /* ... and it still holds its lease. */
+    set_now(f, T0 + 3000);
+    assert_int_equal(extend(f->st, "b", b.lease_id, 1000), STORE_DONE); /* to T0+4000 */
+
+    /* The heartbeat stops: once the lease expires, purge takes it. */
+    set_now(f, T0 + 3900);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    set_now(f, T0 + 4000);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(state_of(f->st, "b"), STORE_STATE_ABSENT);
+
+    /* a goes once its TTL elapses. */
+    assert_int_equal(state_of(f->st, "a"), STORE_STATE_IN_PROGRESS);
+    set_now(f, T0 + 10000);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(records_in(f->st), 0);
+}
+
+static void test_purge_keeps_completed_after_move(void **state)
+{
+    /* A record whose index entry purge moved (TTL elapsed, lease live) and
+     * that is then completed gets the full TTL from completion. */
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op o;
+    size_t purged = 0;
+    bool more = false;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 5000, 1000, &a), STORE_ACQUIRED);
+    set_now(f, T0 + 2000);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 10000, "done"), STORE_DONE);
+    set_now(f, T0 + 11999);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 1000, &o), STORE_REPLAY);
+    store_record_clear(&o.replay);
+    set_now(f, T0 + 12000);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(records_in(f->st), 0);
+}
+
+/* n acquires then n completes, each batch one store_apply(). */
+static void fill_completed(struct store *st, const char *prefix, size_t n, int64_t ttl_ms)
+{
+    struct store_op *ops = calloc(n, sizeof(*ops));
+    assert_non_null(ops);
+    for (size_t i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s%zu", prefix, i);
+        ops[i].kind = STORE_OP_ACQUIRE;
+        key_of(name, ops[i].key);
+        fp_of('a', ops[i].fingerprint);
+        ops[i].lease_ms = 1000;
+        ops[i].ttl_ms = ttl_ms;
+    }
+    assert_int_equal(store_apply(st, ops, n), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+        ops[i].kind = STORE_OP_COMPLETE;
+        ops[i].status = 200;
+        ops[i].body.ptr = "x";
+        ops[i].body.len = 1;
+    }
+    assert_int_equal(store_apply(st, ops, n), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(ops[i].outcome, STORE_DONE);
+    }
+    free(ops);
+}
+
+static void test_purge_in_bounded_batches(void **state)
+{
+    struct fixture *f = *state;
+    struct store_stats before;
+    struct store_stats after;
+    size_t purged = 0;
+    bool more = false;
+
+    fill_completed(f->st, "short", 100, 1000);
+    fill_completed(f->st, "long", 5, 100000);
+    advance(f, 1000);
+    assert_int_equal(store_purge(f->st, 30, &purged, &more), 0);
+    assert_int_equal(purged, 30);
+    assert_true(more);
+    assert_int_equal(store_purge(f->st, 30, &purged, &more), 0);
+    assert_int_equal(purged, 30);
+    assert_true(more);
+    assert_int_equal(store_purge(f->st, 30, &purged, &more), 0);
+    assert_int_equal(purged, 30);
+    assert_true(more);
+    assert_int_equal(store_purge(f->st, 30, &purged, &more), 0);
+    assert_int_equal(purged, 10);
+    assert_false(more);
+    assert_int_equal(records_in(f->st), 5);
+
+    /* Nothing due: no write transaction at all. */
+    assert_int_equal(store_stats(f->st, &before), 0);
+    assert_int_equal(store_purge(f->st, 30, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_false(more);
+    assert_int_equal(store_stats(f->st, &after), 0);
+    assert_int_equal(after.commits, before.commits);
+}
+
+/* ---- concurrency, scopes, batches --------------------------------------- */
+
+struct racer {
+    struct store *st;
+    pthread_barrier_t *barrier;
+    const char *name;
+    struct store_op op;
+    int rc;
+    int reads_ok;
+};
+
+static void *race_acquire(void *arg)
+{
+    struct racer *r = arg;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+
+    key_of(r->name, key);
+    fp_of('a', fp);
+    pthread_barrier_wait(r->barrier);
+    r->rc = store_acquire(r->st, key, fp, 60000, 600000, &r->op);
+    /* Readers on many threads at once, sharing the pooled transactions. */
+    for (int i = 0; i < 50; i++) {
+        struct store_record rec;
+        if (store_get(r->st, key, &rec) == 0 && rec.state == STORE_STATE_IN_PROGRESS) {
+            r->reads_ok++;
+        }
+        store_record_clear(&rec);
+    }
+    return NULL;
+}
+
+static void test_concurrent_acquire_one_winner(void **state)
+{
+    enum { THREADS = 20, ROUNDS = 5 };
+    struct fixture *f = *state;
+
+    for (int round = 0; round < ROUNDS; round++) {
+        struct racer r[THREADS];
+        pthread_t t[THREADS];
+        pthread_barrier_t barrier;
+        char name[32];
+        int acquired = 0;
+        int busy = 0;
+        int64_t winner_lease = 0;
+
+        snprintf(name, sizeof(name), "race%d", round);
+        assert_int_equal(pthread_barrier_init(&barrier, NULL, THREADS), 0);
+        for (int i = 0; i < THREADS; i++) {
+            memset(&r[i], 0, sizeof(r[i]));
+            r[i].st = f->st;
+            r[i].barrier = &barrier;
+            r[i].name = name;
+            assert_int_equal(pthread_create(&t[i], NULL, race_acquire, &r[i]), 0);
+        }
+        for (int i = 0; i < THREADS; i++) {
+            assert_int_equal(pthread_join(t[i], NULL), 0);
+        }
+        pthread_barrier_destroy(&barrier);
+        for (int i = 0; i < THREADS; i++) {
+            assert_int_equal(r[i].rc, 0);
+            assert_int_equal(r[i].reads_ok, 50);
+            if (r[i].op.outcome == STORE_ACQUIRED) {
+                acquired++;
+                winner_lease = r[i].op.lease_expires_ms;
+            } else if (r[i].op.outcome == STORE_BUSY) {
+                busy++;
+            }
+        }
+        assert_int_equal(acquired, 1);
+        assert_int_equal(busy, THREADS - 1);
+        for (int i = 0; i < THREADS; i++) {
+            assert_int_equal(r[i].op.lease_expires_ms, winner_lease);
+        }
+    }
+}
+
+static void test_key_derive(void **state)
+{
+    /* Vectors computed independently: SHA-256 of be64(len) scope be64(len)
+     * key (Python hashlib). */
+    static const uint8_t payments_abc[STORE_KEY_BYTES] = {
+        0x7b, 0xed, 0x95, 0xb8, 0xcf, 0x71, 0xdd, 0x9d, 0xad, 0xb3, 0x60,
+        0x9c, 0x6f, 0x84, 0x4a, 0x8c, 0x0a, 0x8b, 0xa8, 0x8d, 0xa5, 0xd4,
+        0xa3, 0x68, 0xb8, 0xab, 0x91, 0xa0, 0xa8, 0x48, 0x27, 0x3a};
+    static const uint8_t empty[STORE_KEY_BYTES] = {0x37, 0x47, 0x08, 0xff, 0xf7, 0x71, 0x9d, 0xd5,
+                                                   0x97, 0x9e, 0xc8, 0x75, 0xd5, 0x6c, 0xd2, 0x28,
+                                                   0x6f, 0x6d, 0x3c, 0xf7, 0xec, 0x31, 0x7a, 0x3b,
+                                                   0x25, 0x63, 0x2a, 0xab, 0x28, 0xec, 0x37, 0xbb};
+    uint8_t k1[STORE_KEY_BYTES];
+    uint8_t k2[STORE_KEY_BYTES];
+
+    (void)state;
+    store_key_derive("payments", 8, "abc", 3, k1);
+    assert_memory_equal(k1, payments_abc, STORE_KEY_BYTES);
+    store_key_derive(NULL, 0, NULL, 0, k1);
+    assert_memory_equal(k1, empty, STORE_KEY_BYTES);
+    /* The length prefixes keep the split between scope and key. */
+    store_key_derive("ab", 2, "c", 1, k1);
+    store_key_derive("a", 1, "bc", 2, k2);
+    assert_memory_not_equal(k1, k2, STORE_KEY_BYTES);
+}
+
+static void test_same_key_two_scopes_two_records(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t k1[STORE_KEY_BYTES];
+    uint8_t k2[STORE_KEY_BYTES];
+    uint8_t fp1[STORE_FINGERPRINT_BYTES];
+    uint8_t fp2[STORE_FINGERPRINT_BYTES];
+    struct store_op a;
+    struct store_op b;
+
+    store_key_derive("payments", 8, "key-1", 5, k1);
+    store_key_derive("refunds", 7, "key-1", 5, k2);
+    fp_of('a', fp1);
+    fp_of('b', fp2); /* a mismatch if they were one record */
+    assert_int_equal(store_acquire(f->st, k1, fp1, 1000, 60000, &a), 0);
+    assert_int_equal(a.outcome, STORE_ACQUIRED);
+    assert_int_equal(store_acquire(f->st, k2, fp2, 1000, 60000, &b), 0);
+    assert_int_equal(b.outcome, STORE_ACQUIRED);
+    assert_int_equal(records_in(f->st), 2);
+}
+
+static void prep(struct store_op *op, enum store_op_kind kind, const char *name, uint8_t fpc)
+{
+    memset(op, 0, sizeof(*op));
+    op->kind = kind;
+    key_of(name, op->key);
+    fp_of(fpc, op->fingerprint);
+    op->lease_ms = 1000;
+    op->ttl_ms = 60000;
+    op->status = 200;
+}
+
+static void test_group_apply_one_txn_in_order(void **state)
+{
+    enum { N = 50 };
+    struct fixture *f = *state;
+    struct store_op ops[N];
+    struct store_op g[8];
+    struct store_stats s0;
+    struct store_stats s1;
+    uint8_t lease0[STORE_LEASE_ID_BYTES];
+    uint8_t lease1[STORE_LEASE_ID_BYTES];
+    uint8_t lease2[STORE_LEASE_ID_BYTES];
+
+    assert_int_equal(store_stats(f->st, &s0), 0);
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "k%d", i);
+        prep(&ops[i], STORE_OP_ACQUIRE, name, 'a');
+    }
+    assert_int_equal(store_apply(f->st, ops, N), 0);
+    assert_int_equal(store_stats(f->st, &s1), 0);
+    assert_int_equal(s1.commits - s0.commits, 1);
+    assert_int_equal(s1.ops_committed - s0.ops_committed, N);
+    assert_int_equal(s1.records, N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+    }
+    memcpy(lease0, ops[0].lease_id, sizeof(lease0));
+    memcpy(lease1, ops[1].lease_id, sizeof(lease1));
+    memcpy(lease2, ops[2].lease_id, sizeof(lease2));
+
+    /* Later ops see earlier ones, in the same transaction. */
+    prep(&g[0], STORE_OP_COMPLETE, "k0", 'a');
+    memcpy(g[0].lease_id, lease0, sizeof(lease0));
+    g[0].body.ptr = "zero";
+    g[0].body.len = 4;
+    prep(&g[1], STORE_OP_ACQUIRE, "k0", 'a'); /* sees the completion */
+    g[1].want_replay = true;
+    prep(&g[2], STORE_OP_RELEASE, "k1", 'a');
+    memcpy(g[2].lease_id, lease1, sizeof(lease1));
+    prep(&g[3], STORE_OP_ACQUIRE, "k1", 'b'); /* sees the release */
+    prep(&g[4], STORE_OP_EXTEND, "k2", 'a');
+    memcpy(g[4].lease_id, lease2, sizeof(lease2));
+    g[4].lease_ms = 7000;
+    prep(&g[5], STORE_OP_ACQUIRE, "k3", 'b');
+    prep(&g[6], STORE_OP_ACQUIRE, "new", 'a');
+    prep(&g[7], STORE_OP_ACQUIRE, "new", 'a'); /* sees g[6] */
+    assert_int_equal(store_apply(f->st, g, 8), 0);
+    assert_int_equal(store_stats(f->st, &s0), 0);
+    assert_int_equal(s0.commits - s1.commits, 1);
+    assert_int_equal(s0.ops_committed - s1.ops_committed, 8);
+
+    assert_int_equal(g[0].outcome, STORE_DONE);
+    assert_int_equal(g[1].outcome, STORE_REPLAY);
+    assert_int_equal(g[1].replay.body_len, 4);
+    assert_memory_equal(g[1].replay.body, "zero", 4);
+    store_record_clear(&g[1].replay);
+    assert_int_equal(g[2].outcome, STORE_DONE);
+    assert_int_equal(g[3].outcome, STORE_ACQUIRED);
+    assert_false(g[3].stolen);
+    assert_int_equal(g[4].outcome, STORE_DONE);
+    assert_int_equal(g[4].lease_expires_ms, T0 + 7000);
+    assert_int_equal(g[5].outcome, STORE_MISMATCH);
+    assert_int_equal(g[6].outcome, STORE_ACQUIRED);
+    assert_int_equal(g[7].outcome, STORE_BUSY);
+    assert_int_equal(g[7].lease_expires_ms, g[6].lease_expires_ms);
+}
+
+static void test_apply_rejects_bad_ops_untouched(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op g[2];
+
+    prep(&g[0], STORE_OP_ACQUIRE, "k", 'a');
+    g[0].outcome = STORE_FULL; /* sentinels */
+    prep(&g[1], STORE_OP_ACQUIRE, "j", 'a');
+    g[1].ttl_ms = 0;
+    assert_int_equal(store_apply(f->st, g, 2), STORE_EINVAL);
+    assert_int_equal(g[0].outcome, STORE_FULL);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+
+    g[1].ttl_ms = 1000;
+    g[1].kind = 99;
+    assert_int_equal(store_apply(f->st, g, 2), STORE_EINVAL);
+    prep(&g[1], STORE_OP_COMPLETE, "j", 'a');
+    g[1].status = 600;
+    assert_int_equal(store_apply(f->st, g, 2), STORE_EINVAL);
+    g[1].status = 200;
+    g[1].body.len = 3; /* ptr NULL */
+    assert_int_equal(store_apply(f->st, g, 2), STORE_EINVAL);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+    assert_int_equal(records_in(f->st), 0);
+    assert_int_equal(store_apply(f->st, NULL, 0), 0);
+}
+
+/* ---- persistence and sharing -------------------------------------------- */
+
+static void test_records_survive_reopen(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_record rec;
+
+    assert_int_equal(acquire(f->st, "done", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "done", a.lease_id, 60000, "kept"), STORE_DONE);
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    get(f->st, "done", &rec);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_int_equal(rec.status, 201);
+    assert_body(&rec, "kept");
+    store_record_clear(&rec);
+    /* The lease survives too: its holder can still complete. */
+    assert_int_equal(complete(f->st, "held", b.lease_id, 60000, "after"), STORE_DONE);
+}
+
+static void test_second_open_in_process_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st2 = NULL;
+    struct store_options opt;
+    char err[256];
+
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    assert_int_equal(store_open(NULL, &opt, &st2, err, sizeof(err)), STORE_EINVAL);
+    assert_null(st2);
+    assert_non_null(strstr(err, "already open"));
+    /* The first handle is unharmed. */
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_ABSENT);
+}
+
+/* The child side of the two-process test. It reports through its exit
+ * status and uses no cmocka assert: a failed one would unwind into the
+ * child's copy of the test runner. */
+static int child_side(struct fixture *f, int to_parent, int from_parent)
+{
+    struct store *st = NULL;
+    struct store_record rec;
+    struct store_op op;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+    char c = 0;
+    int code = 0;
+
+    memset(&rec, 0, sizeof(rec));
+    memset(&op, 0, sizeof(op));
+    if (open_at(f, f->path, 0, &st) != 0) {
+        code = 10;
+        goto out;
+    }
+    key_of("parent", key);
+    if (store_get(st, key, &rec) != 0 || rec.state != STORE_STATE_COMPLETE || rec.body_len != 4 ||
+        memcmp(rec.body, "from", 4) != 0) {
+        code = 11;
+        goto out;
+    }
+    fp_of('a', fp);
+    if (store_acquire(st, key, fp, 1000, 60000, &op) != 0 || op.outcome != STORE_REPLAY) {
+        code = 12;
+        goto out;
+    }
+    key_of("child", key);
+    fp_of('c', fp);
+    if (store_acquire(st, key, fp, 60000, 60000, &op) != 0 || op.outcome != STORE_ACQUIRED) {
+        code = 13;
+        goto out;
+    }
+    /* Tell the parent, then wait for its write made after we opened. */
+    if (write(to_parent, "x", 1) != 1 || read(from_parent, &c, 1) != 1) {
+        code = 14;
+        goto out;
+    }
+    store_record_clear(&rec);
+    key_of("later", key);
+    if (store_get(st, key, &rec) != 0 || rec.state != STORE_STATE_IN_PROGRESS) {
+        code = 15;
+    }
+out:
+    store_record_clear(&rec);
+    store_record_clear(&op.replay);
+    store_close(st);
+    return code;
+}
+
+static void test_two_processes_share_store(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op o;
+    int up[2];
+    int down[2];
+    char c = 0;
+    int status = 0;
+    pid_t pid;
+
+    assert_int_equal(acquire(f->st, "parent", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "parent", a.lease_id, 60000, "from"), STORE_DONE);
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The parent's handle is never used here (no env across fork). The
+         * unused pipe ends are closed so that a parent that fails its
+         * asserts and exits gives the child EOF instead of a hang. */
+        close(up[0]);
+        close(down[1]);
+        _exit(child_side(f, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    assert_int_equal(read(up[0], &c, 1), 1);
+    /* The child holds "child" now; our open handle sees it. */
+    assert_int_equal(acquire(f->st, "child", 'c', 1000, 60000, &o), STORE_BUSY);
+    assert_int_equal(o.lease_expires_ms, T0 + 60000);
+    assert_int_equal(acquire(f->st, "later", 'a', 1000, 60000, &o), STORE_ACQUIRED);
+    assert_int_equal(write(down[1], "x", 1), 1);
+    close(up[0]);
+    close(down[1]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_reader_check_clears_dead_reader(void **state)
+{
+    struct fixture *f = *state;
+    int status = 0;
+    int cleared = -1;
+    pid_t pid;
+
+    assert_int_equal(store_reader_check(f->st, &cleared), 0);
+    assert_int_equal(cleared, 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct store *st = NULL;
+        struct store_record rec;
+        int code = 1;
+        /* A read leaves a pooled transaction holding a reader slot; exiting
+         * without store_close() leaves the slot to a dead pid. */
+        if (open_at(f, f->path, 0, &st) == 0 && store_get(st, (uint8_t[32]){0}, &rec) == 0) {
+            code = 0;
+        }
+        _exit(code);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(store_reader_check(f->st, &cleared), 0);
+    assert_int_equal(cleared, 1);
+}
+
+static void test_open_creates_directories(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct store_options opt;
+    char nested[256];
+    char file[256];
+    char err[256];
+    struct stat sb;
+    int fd;
+
+    snprintf(nested, sizeof(nested), "%s/a/b/c", f->dir);
+    assert_int_equal(open_at(f, nested, 0, &st), 0);
+    assert_int_equal(stat(nested, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_equal(sb.st_mode & 077, 0); /* nobody else's business */
+    store_close(st);
+
+    snprintf(file, sizeof(file), "%s/plain", f->dir);
+    fd = open(file, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = file;
+    err[0] = '\0';
+    st = NULL;
+    assert_true(store_open(NULL, &opt, &st, err, sizeof(err)) < 0);
+    assert_null(st);
+    assert_true(strlen(err) > 0);
+
+    opt.path = NULL;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
+}
+
+static void test_stats_scan_sync(void **state)
+{
+    struct fixture *f = *state;
+    struct store_stats s;
+    struct store_op a;
+    int n = 0;
+
+    fill_completed(f->st, "r", 10, 60000);
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(store_stats(f->st, &s), 0);
+    assert_int_equal(s.records, 11);
+    assert_int_equal(s.commits, 3);
+    assert_int_equal(s.ops_committed, 21);
+    assert_int_equal(s.map_size_bytes, (uint64_t)1 << 30);
+    assert_true(s.map_used_bytes > 0 && s.map_used_bytes < s.map_size_bytes);
+    assert_int_equal(store_scan(f->st, count_records, &n), 0);
+    assert_int_equal(n, 11);
+    assert_int_equal(store_sync(f->st), 0);
+}
+
+static int stop_at_first(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
+                         void *ctx)
+{
+    (void)key;
+    (void)rec;
+    (*(int *)ctx)++;
+    return 1;
+}
+
+static void test_scan_stops_when_asked(void **state)
+{
+    struct fixture *f = *state;
+    int n = 0;
+
+    fill_completed(f->st, "r", 3, 60000);
+    assert_int_equal(store_scan(f->st, stop_at_first, &n), 0);
+    assert_int_equal(n, 1);
+}
+
+/* ---- corruption ---------------------------------------------------------- */
+
+/* Overwrites a record's stored value behind the store's back. */
+static void corrupt_record(const char *path, const char *name)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    uint8_t key[STORE_KEY_BYTES];
+    MDB_val k = {sizeof(key), key};
+    MDB_val v = {5, "\x01\x07junk"};
+
+    key_of(name, key);
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &dbi), 0);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+static void test_corrupt_record_reported_then_purged(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op g[2];
+    struct store_record rec;
+    uint8_t key[STORE_KEY_BYTES];
+    size_t purged = 0;
+    bool more = false;
+
+    assert_int_equal(acquire(f->st, "bad", 'a', 1000, 5000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "bad", a.lease_id, 5000, "x"), STORE_DONE);
+    store_close(f->st);
+    f->st = NULL;
+    corrupt_record(f->path, "bad");
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    key_of("bad", key);
+    assert_int_equal(store_get(f->st, key, &rec), STORE_ECORRUPT);
+    assert_null(rec.body);
+
+    /* A batch touching it fails as a whole and leaves the ops alone. */
+    prep(&g[0], STORE_OP_ACQUIRE, "good", 'a');
+    g[0].outcome = STORE_FULL; /* sentinel */
+    prep(&g[1], STORE_OP_ACQUIRE, "bad", 'a');
+    assert_int_equal(store_apply(f->st, g, 2), STORE_ECORRUPT);
+    assert_int_equal(g[0].outcome, STORE_FULL);
+    assert_int_equal(state_of(f->st, "good"), STORE_STATE_ABSENT);
+
+    /* When its index entry comes due, purge drops it. */
+    assert_int_equal(store_purge(f->st, 10, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    advance(f, 5000);
+    assert_int_equal(store_purge(f->st, 10, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(state_of(f->st, "bad"), STORE_STATE_ABSENT);
+    assert_int_equal(acquire(f->st, "bad", 'a', 1000, 5000, &a), STORE_ACQUIRED);
+}
+
+/* ---- store full ---------------------------------------------------------- */
+
+static void test_store_full_then_purge_on_full(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    char path[256];
+    static uint8_t big[16384];
+    uint8_t *huge = calloc(1, 2u << 20);
+    struct store_op g[3];
+    struct store_op x;
+    struct store_op o;
+    struct store_stats s;
+    enum store_outcome out = 0;
+    uint8_t key[STORE_KEY_BYTES];
+    int i;
+    bool full = false;
+    uint64_t before;
+
+    assert_non_null(huge);
+    snprintf(path, sizeof(path), "%s/tiny", f->dir);
+    assert_int_equal(open_at(f, path, 1u << 20, &st), 0);
+
+    /* One op that can never fit is refused alone; the others apply. */
+    assert_int_equal(acquire(st, "x", 'a', 1000, 1000, &x), STORE_ACQUIRED);
+    prep(&g[0], STORE_OP_ACQUIRE, "a", 'a');
+    prep(&g[1], STORE_OP_COMPLETE, "x", 'a');
+    memcpy(g[1].lease_id, x.lease_id, STORE_LEASE_ID_BYTES);
+    g[1].body.ptr = huge;
+    g[1].body.len = 2u << 20;
+    prep(&g[2], STORE_OP_ACQUIRE, "b", 'a');
+    assert_int_equal(store_apply(st, g, 3), 0);
+    assert_int_equal(g[0].outcome, STORE_ACQUIRED);
+    assert_int_equal(g[1].outcome, STORE_FULL);
+    assert_int_equal(g[2].outcome, STORE_ACQUIRED);
+    assert_int_equal(state_of(st, "x"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(st, "a"), STORE_STATE_IN_PROGRESS);
+
+    /* Fill with live records until even a small acquire does not fit. */
+    memset(big, 0xab, sizeof(big));
+    for (i = 0; i < 200000 && !full; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "fill%d", i);
+        acquire(st, name, 'a', 500, 1000, &o);
+        if (o.outcome == STORE_FULL) {
+            assert_int_equal(state_of(st, name), STORE_STATE_ABSENT); /* not applied */
+            full = true;
+        } else {
+            assert_int_equal(o.outcome, STORE_ACQUIRED);
+            key_of(name, key);
+            /* Big bodies while they fit, then only small records. */
+            assert_int_equal(store_complete(st, key, o.lease_id, 1000, 200,
+                                            (struct store_span){NULL, 0},
+                                            (struct store_span){big, sizeof(big)}, &out),
+                             0);
+            assert_true(out == STORE_DONE || out == STORE_FULL);
+        }
+    }
+    assert_true(full);
+    before = records_in(st);
+    assert_true(before > 10);
+
+    /* Everything there is live: still full. */
+    assert_int_equal(acquire(st, "more", 'a', 500, 1000, &o), STORE_FULL);
+
+    /* Once their TTL is past, apply's purge-on-full makes room. */
+    advance(f, 2000);
+    assert_int_equal(acquire(st, "more", 'a', 500, 1000, &o), STORE_ACQUIRED);
+    assert_int_equal(store_stats(st, &s), 0);
+    assert_true(s.records < before);
+    assert_int_equal(s.map_size_bytes, 1u << 20);
+    store_close(st);
+    free(huge);
+}
+
+/* ---- record encoding ----------------------------------------------------- */
+
+static void sample_complete(struct store_record *rec, uint8_t *headers, size_t hl, uint8_t *body,
+                            size_t bl)
+{
+    memset(rec, 0, sizeof(*rec));
+    rec->state = STORE_STATE_COMPLETE;
+    for (int i = 0; i < STORE_LEASE_ID_BYTES; i++) {
+        rec->lease_id[i] = (uint8_t)(i * 7 + 1);
+    }
+    rec->lease_expires_ms = -5;
+    rec->expires_ms = INT64_MAX;
+    fp_of(0xfe, rec->fingerprint);
+    rec->status = 599;
+    rec->headers = headers;
+    rec->headers_len = hl;
+    rec->body = body;
+    rec->body_len = bl;
+}
+
+static void assert_records_equal(const struct store_record *a, const struct store_record *b)
+{
+    assert_int_equal(a->state, b->state);
+    assert_memory_equal(a->lease_id, b->lease_id, STORE_LEASE_ID_BYTES);
+    assert_int_equal(a->lease_expires_ms, b->lease_expires_ms);
+    assert_int_equal(a->expires_ms, b->expires_ms);
+    assert_memory_equal(a->fingerprint, b->fingerprint, STORE_FINGERPRINT_BYTES);
+    assert_int_equal(a->status, b->status);
+    assert_int_equal(a->headers_len, b->headers_len);
+    assert_int_equal(a->body_len, b->body_len);
+    if (a->headers_len > 0) {
+        assert_memory_equal(a->headers, b->headers, a->headers_len);
+    }
+    if (a->body_len > 0) {
+        assert_memory_equal(a->body, b->body, a->body_len);
+    }
+}
+
+static void test_record_round_trip(void **state)
+{
+    uint8_t headers[] = {'a', 0, 'b', '\r', '\n'};
+    uint8_t body[] = {0, 0, 0, 1, 0xff, 0};
+    struct store_record in;
+    struct store_record back;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+
+    (void)state;
+    /* COMPLETE with binary payload. */
+    sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    assert_int_equal(len, 66 + 4 + 8 + sizeof(headers) + 8 + sizeof(body));
+    assert_int_equal(buf[0], 1);                    /* version first */
+    assert_int_equal(buf[1], STORE_STATE_COMPLETE); /* then state */
+    assert_int_equal(buf[66], 599 & 0xff);          /* status, little-endian */
+    assert_int_equal(buf[67], 599 >> 8);
+    assert_int_equal(store_record_decode(buf, len, &back), 0);
+    assert_records_equal(&in, &back);
+    store_record_clear(&back);
+    free(buf);
+
+    /* COMPLETE with an empty payload. */
+    sample_complete(&in, NULL, 0, NULL, 0);
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    assert_int_equal(store_record_decode(buf, len, &back), 0);
+    assert_records_equal(&in, &back);
+    assert_null(back.body);
+    store_record_clear(&back);
+    free(buf);
+
+    /* IN_PROGRESS: the fixed part only; payload fields are not encoded. */
+    sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
+    in.state = STORE_STATE_IN_PROGRESS;
+    in.lease_expires_ms = INT64_MIN;
+    in.expires_ms = 0x0102030405060708;
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    assert_int_equal(len, 66);
+    assert_int_equal(buf[26], 0x08); /* expires_ms, little-endian */
+    assert_int_equal(buf[33], 0x01);
+    assert_int_equal(store_record_decode(buf, len, &back), 0);
+    assert_int_equal(back.state, STORE_STATE_IN_PROGRESS);
+    assert_int_equal(back.lease_expires_ms, INT64_MIN);
+    assert_int_equal(back.expires_ms, in.expires_ms);
+    assert_int_equal(back.status, 0);
+    assert_null(back.headers);
+    assert_null(back.body);
+    free(buf);
+
+    /* What cannot be encoded is refused. */
+    in.state = STORE_STATE_ABSENT;
+    assert_int_equal(store_record_encode(&in, &buf, &len), STORE_EINVAL);
+    sample_complete(&in, NULL, 3, NULL, 0);
+    assert_int_equal(store_record_encode(&in, &buf, &len), STORE_EINVAL);
+    sample_complete(&in, NULL, 0, NULL, 0);
+    in.status = 99;
+    assert_int_equal(store_record_encode(&in, &buf, &len), STORE_EINVAL);
+}
+
+static void assert_corrupt(const uint8_t *buf, size_t len)
+{
+    struct store_record rec;
+    memset(&rec, 0x77, sizeof(rec));
+    assert_int_equal(store_record_decode(buf, len, &rec), STORE_ECORRUPT);
+    /* The output is left empty, so clearing it is safe. */
+    assert_int_equal(rec.state, STORE_STATE_ABSENT);
+    assert_null(rec.headers);
+    assert_null(rec.body);
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static void test_record_decode_rejects_malformed(void **state)
+{
+    uint8_t headers[] = "h";
+    uint8_t body[] = "body";
+    struct store_record in;
+    struct store_record ok;
+    uint8_t *buf = NULL;
+    uint8_t *copy;
+    size_t len = 0;
+    const size_t hoff = 66 + 4; /* headers length */
+    size_t boff;
+
+    (void)state;
+    sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    boff = hoff + 8 + sizeof(headers);
+    copy = malloc(len + 1);
+    assert_non_null(copy);
+
+    assert_corrupt(NULL, 0);
+    /* Every truncation, copied to an exact-size buffer so ASan sees any
+     * read past the end. */
+    for (size_t n = 0; n < len; n++) {
+        uint8_t *t = malloc(n > 0 ? n : 1);
+        assert_non_null(t);
+        memcpy(t, buf, n);
+        assert_corrupt(t, n);
+        free(t);
+    }
+    /* Trailing bytes. */
+    memcpy(copy, buf, len);
+    copy[len] = 0;
+    assert_corrupt(copy, len + 1);
+    /* Unknown versions and states. */
+    for (int v = 0; v < 256; v++) {
+        memcpy(copy, buf, len);
+        copy[0] = (uint8_t)v;
+        if (v != 1) {
+            assert_corrupt(copy, len);
+        }
+        memcpy(copy, buf, len);
+        copy[1] = (uint8_t)v;
+        if (v != STORE_STATE_COMPLETE) {
+            assert_corrupt(copy, len); /* IN_PROGRESS: trailing payload */
+        }
+    }
+    /* Status outside 100..599. */
+    memcpy(copy, buf, len);
+    copy[66] = 99;
+    copy[67] = 0;
+    assert_corrupt(copy, len);
+    memcpy(copy, buf, len);
+    copy[66] = 600 & 0xff;
+    copy[67] = 600 >> 8;
+    assert_corrupt(copy, len);
+    /* Lengths that overflow, point past the end, or disagree. */
+    const uint64_t bad_lengths[] = {UINT64_MAX, UINT64_MAX - 7, (uint64_t)1 << 63, len,
+                                    sizeof(headers) + 1};
+    for (size_t i = 0; i < sizeof(bad_lengths) / sizeof(bad_lengths[0]); i++) {
+        memcpy(copy, buf, len);
+        put_le64(copy + hoff, bad_lengths[i]);
+        assert_corrupt(copy, len);
+        memcpy(copy, buf, len);
+        put_le64(copy + boff, bad_lengths[i]);
+        assert_corrupt(copy, len);
+    }
+    memcpy(copy, buf, len);
+    put_le64(copy + boff, sizeof(body) - 1);
+    assert_corrupt(copy, len);
+    /* The unmodified copy still decodes: the cases above can fail. */
+    memcpy(copy, buf, len);
+    assert_int_equal(store_record_decode(copy, len, &ok), 0);
+    store_record_clear(&ok);
+    free(copy);
+    free(buf);
+}
+
+/* A small deterministic mutation fuzz: every mutant either is rejected or
+ * decodes to a record that re-encodes to exactly the same bytes. */
+static void test_record_decode_mutants(void **state)
+{
+    uint8_t headers[] = "k: v\r\n";
+    uint8_t body[] = "{\"ok\":true}";
+    struct store_record in;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t x = 88172645463325252ull;
+    int accepted = 0;
+
+    (void)state;
+    sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    for (int iter = 0; iter < 20000; iter++) {
+        uint8_t *m = malloc(len);
+        struct store_record rec;
+        size_t mlen = len;
+        assert_non_null(m);
+        memcpy(m, buf, len);
+        for (int k = 0; k < 1 + iter % 4; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            m[x % len] = (uint8_t)(x >> 32);
+        }
+        if (iter % 5 == 0) {
+            mlen = (size_t)(x >> 40) % (len + 1); /* truncate too */
+        }
+        if (store_record_decode(m, mlen, &rec) == 0) {
+            uint8_t *again = NULL;
+            size_t again_len = 0;
+            assert_int_equal(store_record_encode(&rec, &again, &again_len), 0);
+            assert_int_equal(again_len, mlen);
+            assert_memory_equal(again, m, mlen);
+            free(again);
+            store_record_clear(&rec);
+            accepted++;
+        }
+        free(m);
+    }
+    free(buf);
+    assert_true(accepted > 0); /* payload-byte mutants stay valid */
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(store_outcome_name(STORE_ACQUIRED), "acquired");
+    assert_string_equal(store_outcome_name(STORE_FENCED), "fenced");
+    assert_string_equal(store_outcome_name((enum store_outcome)0), "unknown");
+    assert_string_equal(store_strerror(STORE_EFULL), "store full");
+    assert_string_equal(store_strerror(-99), "unknown store error");
+}
+
+#define STORE_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        STORE_TEST(test_acquire_creates_in_progress),
+        STORE_TEST(test_lease_ids_differ),
+        STORE_TEST(test_live_in_progress_is_busy),
+        STORE_TEST(test_other_fingerprint_is_mismatch),
+        STORE_TEST(test_replay_copies_payload_byte_for_byte),
+        STORE_TEST(test_double_complete_refused),
+        STORE_TEST(test_release_deletes_record),
+        STORE_TEST(test_complete_after_release_refused),
+        STORE_TEST(test_release_after_steal_refused),
+        STORE_TEST(test_stale_owner_fenced_after_steal),
+        STORE_TEST(test_expired_lease_holder_may_still_complete),
+        STORE_TEST(test_extend_is_silent_noop_otherwise),
+        STORE_TEST(test_extend_prevents_steal),
+        STORE_TEST(test_ttl_counts_from_completion),
+        STORE_TEST(test_expired_complete_is_absent_before_purge),
+        STORE_TEST(test_purge_deletes_expired_complete),
+        STORE_TEST(test_purge_in_progress_rules),
+        STORE_TEST(test_purge_keeps_completed_after_move),
+        STORE_TEST(test_purge_in_bounded_batches),
+        STORE_TEST(test_concurrent_acquire_one_winner),
+        STORE_TEST(test_same_key_two_scopes_two_records),
+        STORE_TEST(test_group_apply_one_txn_in_order),
+        STORE_TEST(test_apply_rejects_bad_ops_untouched),
+        STORE_TEST(test_records_survive_reopen),
+        STORE_TEST(test_second_open_in_process_refused),
+        STORE_TEST(test_two_processes_share_store),
+        STORE_TEST(test_reader_check_clears_dead_reader),
+        STORE_TEST(test_open_creates_directories),
+        STORE_TEST(test_stats_scan_sync),
+        STORE_TEST(test_scan_stops_when_asked),
+        STORE_TEST(test_corrupt_record_reported_then_purged),
+        STORE_TEST(test_store_full_then_purge_on_full),
+        cmocka_unit_test(test_key_derive),
+        cmocka_unit_test(test_record_round_trip),
+        cmocka_unit_test(test_record_decode_rejects_malformed),
+        cmocka_unit_test(test_record_decode_mutants),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
