@@ -365,9 +365,56 @@ bool idem_header_is_hop_by_hop(const char *name)
     return strncasecmp(name, "Proxy-", 6) == 0;
 }
 
-bool idem_header_named_by_connection(const struct idem_headers *h, const char *name)
+/*
+ * The tokens of every Connection header, parsed once per list: matching each
+ * header against a re-parse of Connection would cost headers x tokens string
+ * scans, which a 30 KiB header block can make quadratic.
+ */
+#define MAX_CONNECTION_TOKENS 32
+
+struct conn_tokens {
+    const char *tok[MAX_CONNECTION_TOKENS];
+    size_t len[MAX_CONNECTION_TOKENS];
+    size_t n;
+    bool overflow; /* more tokens than we track */
+};
+
+static void conn_tokens_parse(const struct idem_headers *h, struct conn_tokens *ct)
 {
-    size_t nlen = strlen(name);
+    ct->n = 0;
+    ct->overflow = false;
+    for (size_t i = 0; i < h->n; i++) {
+        const char *p;
+        if (strcasecmp(h->v[i].name, "Connection") != 0)
+            continue;
+        p = h->v[i].value;
+        while (*p != '\0') {
+            const char *start;
+            size_t len;
+            while (*p == ' ' || *p == '\t' || *p == ',')
+                p++;
+            start = p;
+            while (*p != '\0' && *p != ',')
+                p++;
+            len = (size_t)(p - start);
+            while (len > 0 && (start[len - 1] == ' ' || start[len - 1] == '\t'))
+                len--;
+            if (len == 0)
+                continue;
+            if (ct->n == MAX_CONNECTION_TOKENS) {
+                ct->overflow = true;
+                return;
+            }
+            ct->tok[ct->n] = start;
+            ct->len[ct->n] = len;
+            ct->n++;
+        }
+    }
+}
+
+/* The slow scan, for the rare list whose tokens overflowed conn_tokens. */
+static bool connection_names_slow(const struct idem_headers *h, const char *name, size_t nlen)
+{
     for (size_t i = 0; i < h->n; i++) {
         const char *p;
         if (strcasecmp(h->v[i].name, "Connection") != 0)
@@ -389,6 +436,19 @@ bool idem_header_named_by_connection(const struct idem_headers *h, const char *n
         }
     }
     return false;
+}
+
+static bool conn_tokens_has(const struct conn_tokens *ct, const char *name, size_t name_len)
+{
+    for (size_t i = 0; i < ct->n; i++)
+        if (ct->len[i] == name_len && strncasecmp(ct->tok[i], name, name_len) == 0)
+            return true;
+    return false;
+}
+
+bool idem_header_named_by_connection(const struct idem_headers *h, const char *name)
+{
+    return connection_names_slow(h, name, strlen(name));
 }
 
 static bool has_ctl_break(const char *s, size_t len)
@@ -424,7 +484,12 @@ int idem_filter_request_headers(const struct idem_headers *in,
                                           "X-Forwarded-Host",
                                           "Forwarded"};
     const struct idem_header *host = NULL;
+    struct conn_tokens ct;
 
+    /* A Connection header naming dozens of fields is not a client we serve. */
+    conn_tokens_parse(in, &ct);
+    if (ct.overflow)
+        return -1;
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
         bool drop = strncasecmp(hd->name, "X-Forwarded-", 12) == 0; /* all forgeable */
@@ -435,7 +500,7 @@ int idem_filter_request_headers(const struct idem_headers *in,
         for (size_t k = 0; k < sizeof(dropped) / sizeof(dropped[0]) && !drop; k++)
             drop = strcasecmp(hd->name, dropped[k]) == 0;
         if (drop || idem_header_is_hop_by_hop(hd->name) ||
-            idem_header_named_by_connection(in, hd->name))
+            conn_tokens_has(&ct, hd->name, hd->name_len))
             continue;
         if (idem_headers_push(out, hd->name, hd->name_len, hd->value, hd->value_len) != 0)
             return -2;
@@ -466,6 +531,9 @@ static bool in_strip_list(const struct config_route *route, const char *name)
 int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
                                  struct idem_headers *out)
 {
+    struct conn_tokens ct;
+
+    conn_tokens_parse(in, &ct);
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
         if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
@@ -473,7 +541,8 @@ int idem_filter_response_headers(const struct idem_headers *in, const struct con
         /* MHD frames the body itself (RFC 9112 section 6): the upstream's
          * framing headers describe a different message. */
         if (strcasecmp(hd->name, "Content-Length") == 0 ||
-            idem_header_is_hop_by_hop(hd->name) || idem_header_named_by_connection(in, hd->name))
+            idem_header_is_hop_by_hop(hd->name) || conn_tokens_has(&ct, hd->name, hd->name_len) ||
+            (ct.overflow && connection_names_slow(in, hd->name, hd->name_len)))
             continue;
         if (strcasecmp(hd->name, "Idempotent-Replayed") == 0)
             continue;
@@ -529,8 +598,12 @@ enum idem_record_action idem_decide_record(const struct config_route *route,
 
 long idem_retry_after_seconds(int64_t lease_expires_ms, int64_t now_ms)
 {
-    int64_t left = lease_expires_ms - now_ms;
+    int64_t left;
     long s;
+    if (lease_expires_ms <= now_ms)
+        return 1;
+    /* Both may come from a damaged record: subtract without overflow. */
+    left = (int64_t)((uint64_t)lease_expires_ms - (uint64_t)now_ms);
     if (left <= 0)
         return 1;
     s = (long)(left / 1000 + (left % 1000 != 0)); /* round up; left + 999 could overflow */

@@ -112,7 +112,8 @@ struct idem_forward_info {
 
 /*
  * Builds the upstream request headers from the client's: drops hop-by-hop
- * ones and those Connection names, Host, Content-Length, Expect and any
+ * ones and those Connection names (more than 32 names: -1), Host,
+ * Content-Length, Expect and any
  * client-sent X-Forwarded-*; adds exactly one X-Forwarded-For (the client
  * address: a client cannot forge the chain), X-Forwarded-Proto and
  * X-Forwarded-Host (the client's Host). Never emits a name or value holding
