@@ -56,6 +56,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def huge_body(n):
+    """The body the upstream's `huge` fault sends for X-Test-Size: n."""
+    pattern = b"0123456789abcdef"
+    return (pattern * (n // len(pattern) + 1))[:n]
+
+
 def closed_port():
     """A port on which connections are refused."""
     return free_port()
@@ -228,9 +234,31 @@ class Conn:
         return resp
 
     def request(self, method, path, headers=(), body=b"", chunked=False, **kw):
-        self.send(build_request(method, path, headers, body, chunked=chunked,
-                                host="%s:%d" % (self.host, self.port), **kw))
+        data = build_request(method, path, headers, body, chunked=chunked,
+                             host="%s:%d" % (self.host, self.port), **kw)
+        try:
+            self.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The server may answer (413, 400...) and close before reading
+            # everything; its answer is still in our receive buffer.
+            pass
         return self.read_response(method)
+
+    def drain_until_closed(self, timeout=3.0):
+        """Reads whatever arrives until the peer closes; returns (closed,
+        bytes received) - closed is False when timeout passed first."""
+        extra, self.buf = self.buf, b""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True, extra
+                extra += data
+        except socket.timeout:
+            return False, extra
+        except (ConnectionResetError, ConnectionAbortedError):
+            return True, extra
 
     def is_closed(self, timeout=3.0):
         """True when the peer closes (or resets) the connection within timeout
@@ -257,7 +285,9 @@ def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.
 
 
 def raw_exchange(port, data, timeout=10.0):
-    """Sends raw bytes; returns (response or None, closed_afterwards)."""
+    """Sends raw bytes; returns (response or None, closed_afterwards, extra):
+    extra is whatever the server sent after the first response before
+    closing (a correct server sends nothing more)."""
     with Conn(port, timeout=timeout) as c:
         try:
             c.send(data)
@@ -266,8 +296,8 @@ def raw_exchange(port, data, timeout=10.0):
         try:
             resp = c.read_response()
         except (ConnectionClosed, ConnectionResetError):
-            return None, True
-        return resp, c.is_closed()
+            return None, True, b""
+        return (resp,) + c.drain_until_closed()
 
 
 def wait_for(predicate, timeout=5.0, interval=0.02):
@@ -439,6 +469,18 @@ class Proxy:
                 self.proc.wait()
                 return None
         return self.proc.returncode
+
+    def terminate(self):
+        """Sends one SIGTERM (a second one might mean "stop draining")."""
+        self.stop_called = True
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout=STOP_TIMEOUT_S):
+        """Waits for the process to exit; returns its status, None on timeout."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill9(self):
         self.killed = True

@@ -101,7 +101,7 @@ class UpstreamSelfTest(harness.ProxyTestCase):
     def test_huge_drip_hop(self):
         r = self.up(headers=[("X-Test-Fault", "huge"), ("X-Test-Size", "100000")])
         self.assertEqual(len(r.body), 100000)
-        self.assertEqual(r.body, harness_huge(100000))
+        self.assertEqual(r.body, harness.huge_body(100000))
         t0 = time.monotonic()
         with Conn(self.upstream.port) as c:
             c.send(harness.build_request("POST", "/d", [("X-Test-Fault", "drip"),
@@ -128,11 +128,6 @@ class UpstreamSelfTest(harness.ProxyTestCase):
                 c.close()
         self.assertEqual(self.upstream.total(), 300)
         self.assertEqual(len(self.upstream.executions()["by_key"]), 300)
-
-
-def harness_huge(n):
-    pattern = b"0123456789abcdef"
-    return (pattern * (n // len(pattern) + 1))[:n]
 
 
 if __name__ == "__main__":
