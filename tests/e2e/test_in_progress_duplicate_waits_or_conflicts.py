@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""A duplicate arriving while the first request is IN_PROGRESS waits up to the
+route's `wait` and then gets the replay; if the holder releases, the waiter
+runs the action itself; with `wait` 0 (or once `wait` is over) it gets 409 with
+Retry-After (seconds left on the holder's lease, at least 1)."""
+
+import time
+import unittest
+
+import harness
+from harness import in_thread
+
+
+class InProgressDuplicate(harness.ProxyTestCase):
+    def test_duplicate_waits_then_replays(self):
+        proxy = self.start_proxy(wait="5s")
+        first = in_thread(self.post, proxy, "wait-1", headers=[("X-Test-Delay-Ms", "1200")])
+        harness.wait_for(lambda: self.upstream.total() == 1, 3)
+        t0 = time.monotonic()
+        dup = self.post(proxy, "wait-1")
+        waited = time.monotonic() - t0
+        r1 = first.result(10)
+        self.assertExecuted(r1)
+        self.assertReplayOf(dup, r1)
+        self.assertGreater(waited, 0.5, "the duplicate did not wait for the holder")
+        self.assertLess(waited, 4.5, "the duplicate waited far longer than the action")
+        self.assertEqual(self.upstream.count("wait-1"), 1)
+
+    def test_duplicate_runs_itself_when_holder_releases(self):
+        proxy = self.start_proxy(wait="5s")
+        # The holder's upstream call fails with a 503: the record is released
+        # and the waiting duplicate acquires the key and runs the action.
+        first = in_thread(self.post, proxy, "wait-rel",
+                          headers=[("X-Test-Delay-Ms", "800"), ("X-Test-Status", "503")])
+        harness.wait_for(lambda: self.upstream.total() == 1, 3)
+        dup = self.post(proxy, "wait-rel")
+        r1 = first.result(10)
+        self.assertEqual(r1.status, 503, r1)
+        self.assertExecuted(dup)
+        self.assertNotEqual(dup.charge_id, r1.charge_id)
+        self.assertEqual(self.upstream.count("wait-rel"), 2)
+        self.assertReplayOf(self.post(proxy, "wait-rel"), dup)
+
+    def test_wait_zero_gives_409_with_retry_after(self):
+        proxy = self.start_proxy(wait="0s", lease="5s", heartbeat="1s")
+        first = in_thread(self.post, proxy, "conflict-1", headers=[("X-Test-Delay-Ms", "1500")])
+        harness.wait_for(lambda: self.upstream.total() == 1, 3)
+        t0 = time.monotonic()
+        dup = self.post(proxy, "conflict-1")
+        self.assertLess(time.monotonic() - t0, 1.0, "wait 0 must answer at once")
+        self.assertProblem(dup, 409)
+        # Seconds left on the holder's 5 s lease: at least 1, at most 5.
+        self.assertRetryAfter(dup, minimum=1, maximum=5)
+        r1 = first.result(10)
+        self.assertExecuted(r1)
+        self.assertReplayOf(self.post(proxy, "conflict-1"), r1)
+        self.assertEqual(self.upstream.count("conflict-1"), 1)
+
+    def test_wait_expires_into_409(self):
+        proxy = self.start_proxy(wait="500ms", lease="1s", heartbeat="300ms")
+        first = in_thread(self.post, proxy, "conflict-2", headers=[("X-Test-Delay-Ms", "2500")])
+        harness.wait_for(lambda: self.upstream.total() == 1, 3)
+        t0 = time.monotonic()
+        dup = self.post(proxy, "conflict-2")
+        waited = time.monotonic() - t0
+        self.assertProblem(dup, 409)
+        self.assertRetryAfter(dup, minimum=1, maximum=2)
+        self.assertGreaterEqual(waited, 0.4, "answered 409 before `wait` was over")
+        self.assertLess(waited, 2.0, "waited past `wait`")
+        self.assertExecuted(first.result(10))
+        self.assertEqual(self.upstream.count("conflict-2"), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

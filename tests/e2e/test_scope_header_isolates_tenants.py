@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""With scope_header set, identity is (scope + hash of that header, key): the
+same key from two tenants is two executions, each replaying its own answer; a
+request without the header is 400; the header's value is never logged or
+stored."""
+
+import os
+import unittest
+
+import harness
+
+
+class ScopeHeader(harness.ProxyTestCase):
+    def test_missing_scope_header_is_400(self):
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        self.assertProblem(self.post(proxy, "sh-1"), 400)
+        self.assertEqual(self.upstream.total(), 0)
+
+    def test_same_key_two_tenants_two_executions(self):
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        a = self.post(proxy, "shared-key", headers=[("X-Tenant-Id", "tenant-a")])
+        b = self.post(proxy, "shared-key", headers=[("X-Tenant-Id", "tenant-b")])
+        self.assertExecuted(a)
+        self.assertExecuted(b)
+        self.assertNotEqual(a.charge_id, b.charge_id)
+        self.assertEqual(a.json()["tenant"], "tenant-a")
+        self.assertEqual(b.json()["tenant"], "tenant-b")
+        self.assertReplayOf(self.post(proxy, "shared-key", headers=[("X-Tenant-Id", "tenant-a")]), a)
+        self.assertReplayOf(self.post(proxy, "shared-key", headers=[("X-Tenant-Id", "tenant-b")]), b)
+        self.assertEqual(self.upstream.count("shared-key"), 2)
+
+    def test_tenant_value_never_logged_or_stored(self):
+        tenant = "tenant-secret-7f3a9c"
+        key = "raw-key-never-logged-5521"
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        # 204: the upstream's answer carries neither the tenant nor the key,
+        # so any trace of them in the store comes from the proxy.
+        r = self.post(proxy, key, headers=[("X-Tenant-Id", tenant), ("X-Test-Status", "204")])
+        self.assertEqual(r.status, 204, r)
+        again = self.post(proxy, key, headers=[("X-Tenant-Id", tenant)])
+        self.assertTrue(again.replayed, again)
+        self.assertEqual(self.upstream.count(key), 1)
+        proxy.wait_access_log(2)
+        self.assertEqual(proxy.stop(), 0)
+        logs = proxy.stdout() + proxy.stderr()
+        self.assertNotIn(tenant, logs)
+        self.assertNotIn(key, logs)
+        stored = b""
+        for root, _, files in os.walk(self.store_path):
+            for name in files:
+                with open(os.path.join(root, name), "rb") as f:
+                    stored += f.read()
+        self.assertGreater(len(stored), 0, "no store files under %s" % self.store_path)
+        self.assertNotIn(tenant.encode(), stored, "the scope_header value is in the store")
+
+
+if __name__ == "__main__":
+    unittest.main()
