@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""When the store is full (after purging) a new key gets 503 with Retry-After
+and nothing is forwarded (fail closed), while replays of stored keys keep
+working. A store path that cannot be created stops the proxy at start."""
+
+import json
+import os
+import subprocess
+import unittest
+
+import harness
+
+
+class StoreFull(harness.ProxyTestCase):
+    def test_full_store_fails_closed_and_replays_keep_working(self):
+        proxy = self.start_proxy(config=self.config(store={"map_size": "1MiB"}))
+        size = 256 * 1024
+        stored = []
+        rejected = None
+        unprotected = []  # keys forwarded although their answer could not be stored
+        # Fill the 1 MiB store with ever smaller answers until it refuses a
+        # new key. TTLs are 24 h, so purging frees nothing.
+        for i in range(200):
+            key = "fill-%d" % i
+            before = self.upstream.total()
+            r = self.post(proxy, key, headers=[("X-Test-Fault", "huge"), ("X-Test-Size", str(size))])
+            executed = self.upstream.total() - before
+            if r.status == 503 and executed == 0:
+                rejected = r
+                break
+            self.assertEqual(executed, 1, "a request was forwarded %d times: %r" % (executed, r))
+            if r.status == 201:
+                before = self.upstream.total()
+                again = self.post(proxy, key)
+                if again.replayed:
+                    self.assertEqual(again.body, r.body)
+                    stored.append((key, r))
+                    continue
+                if self.upstream.total() > before:
+                    unprotected.append((key, size))
+            # The answer could not be stored: try smaller ones.
+            size = max(size // 2, 16)
+        self.assertGreater(len(stored), 0, "nothing was stored before the store filled up")
+        self.assertIsNotNone(
+            rejected,
+            "the full 1 MiB store never answered 503 to a new key; instead %d new keys were "
+            "forwarded although their answers could not be stored (the smallest answer was "
+            "%d bytes), and each one's duplicate executed the upstream again: %r" % (
+                len(unprotected), min([s for _, s in unprotected] or [0]), unprotected[-3:]))
+
+        self.assertProblem(rejected, 503)
+        self.assertRetryAfter(rejected, minimum=1)
+        self.assertFalse(rejected.replayed)
+
+        # Replays of stored keys keep working, byte for byte.
+        for key, first in (stored[0], stored[-1]):
+            before = self.upstream.total()
+            again = self.post(proxy, key)
+            self.assertReplayOf(again, first)
+            self.assertEqual(self.upstream.total(), before, "a replay called the upstream")
+
+    def test_store_path_that_cannot_be_created_fails_at_start(self):
+        blocker = os.path.join(self.workdir, "a-regular-file")
+        with open(blocker, "w") as f:
+            f.write("not a directory\n")
+        cfg = self.config(store={"path": os.path.join(blocker, "store")})
+        cfg["listen"] = "127.0.0.1:%d" % harness.free_port()
+        path = os.path.join(self.workdir, "bad-store.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        try:
+            p = subprocess.run([harness.binary(), "--config", path], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            self.fail("the proxy kept running with a store it cannot create")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertTrue(p.stderr.strip(), "no error message on stderr")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Outcome unknown (the request was sent, then the upstream timed out or the
+connection was lost): 504 or 502. By default (on_unknown "release") the record
+is released and a retry executes again; with on_unknown "complete" that 502/504
+is stored as the key's result and replayed, and the upstream is never called
+again for the key."""
+
+import time
+import unittest
+
+import harness
+
+UNKNOWN = (502, 504)
+
+# Faults after which the upstream has received (and executed) the request.
+LOST = ["hang", "close-before", "reset", "close-mid-body", "bad-status-line"]
+
+
+class UpstreamTimeoutAndLostConnection(harness.ProxyTestCase):
+    def proxy(self, **route):
+        return self.start_proxy(config=self.config(routes=[self.route(**route)], timeout="700ms"))
+
+    def assertUnknown(self, r):
+        self.assertIn(r.status, UNKNOWN, r)
+        self.assertProblem(r, r.status)
+        self.assertFalse(r.replayed, r)
+
+    def test_timeout_released_by_default(self):
+        proxy = self.proxy()
+        for i, fault in enumerate([("X-Test-Fault", "hang"), ("X-Test-Delay-Ms", "3000")]):
+            key = "timeout-%d" % i
+            with self.subTest(fault=fault):
+                t0 = time.monotonic()
+                r = self.post(proxy, key, headers=[fault])
+                elapsed = time.monotonic() - t0
+                self.assertUnknown(r)
+                self.assertLess(elapsed, 2.5, "upstream.timeout 700ms not applied")
+                # Released: the retry executes (a second execution for the key).
+                retry = self.post(proxy, key)
+                self.assertExecuted(retry)
+                self.assertEqual(self.upstream.count(key), 2)
+                self.assertReplayOf(self.post(proxy, key), retry)
+
+    def test_lost_connection_released_by_default(self):
+        proxy = self.proxy()
+        for fault in LOST:
+            key = "lost-" + fault
+            with self.subTest(fault=fault):
+                self.assertUnknown(self.post(proxy, key, headers=[("X-Test-Fault", fault)]))
+                retry = self.post(proxy, key)
+                self.assertExecuted(retry)
+                self.assertEqual(self.upstream.count(key), 2)
+
+    def test_on_unknown_complete_stores_the_timeout(self):
+        proxy = self.proxy(on_unknown="complete")
+        r = self.post(proxy, "uc-timeout", headers=[("X-Test-Fault", "hang")])
+        self.assertUnknown(r)
+        for _ in range(2):
+            again = self.post(proxy, "uc-timeout")
+            self.assertEqual(again.status, r.status, again)
+            self.assertTrue(again.replayed, again)
+            self.assertEqual(again.body, r.body)
+        self.assertEqual(self.upstream.count("uc-timeout"), 1)
+
+    def test_on_unknown_complete_stores_lost_connections(self):
+        proxy = self.proxy(on_unknown="complete")
+        for fault in LOST:
+            key = "uc-" + fault
+            with self.subTest(fault=fault):
+                r = self.post(proxy, key, headers=[("X-Test-Fault", fault)])
+                self.assertUnknown(r)
+                again = self.post(proxy, key)
+                self.assertEqual(again.status, r.status, again)
+                self.assertTrue(again.replayed, again)
+                self.assertEqual(self.upstream.count(key), 1)
+
+    def test_on_unknown_complete_does_not_store_upstream_5xx(self):
+        # A 5xx the upstream answered is a known outcome: release_on applies.
+        proxy = self.proxy(on_unknown="complete")
+        r = self.post(proxy, "uc-500", headers=[("X-Test-Status", "500")])
+        self.assertEqual(r.status, 500, r)
+        self.assertExecuted(self.post(proxy, "uc-500"))
+        self.assertEqual(self.upstream.count("uc-500"), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
