@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""SIGTERM: the proxy stops accepting, lets the request in flight finish
+(completing its record), and exits 0; with an action that never ends it still
+exits 0 once server.drain_timeout is over."""
+
+import socket
+import time
+import unittest
+
+import harness
+from harness import in_thread
+
+
+class SigtermDrains(harness.ProxyTestCase):
+    def test_in_flight_request_finishes_and_completes(self):
+        cfg = self.config(server={"drain_timeout": "10s"})
+        proxy = self.start_proxy(config=cfg, name="old")
+        flight = in_thread(self.post, proxy, "drain-1", headers=[("X-Test-Delay-Ms", "1500")])
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("drain-1") == 1, 3))
+        proxy.terminate()
+        time.sleep(0.3)
+
+        # Stopped accepting: a new request is refused, dropped or answered
+        # without reaching the upstream.
+        try:
+            r = self.post(proxy, "drain-new", timeout=5)
+            self.assertNotEqual(r.status // 100, 2, r)
+        except (OSError, harness.ConnectionClosed, socket.timeout):
+            pass
+
+        r = flight.result(10)
+        self.assertExecuted(r)
+        rc = proxy.wait_exit(5)
+        self.assertEqual(rc, 0, "exit status after the drain: %r; %s" % (rc, proxy.stderr()))
+        self.assertEqual(self.upstream.count("drain-new"), 0)
+
+        # The record was completed before exit.
+        new = self.start_proxy(config=cfg, name="new")
+        self.assertReplayOf(self.post(new, "drain-1"), r)
+        self.assertEqual(self.upstream.count("drain-1"), 1)
+
+    def test_drain_is_bounded(self):
+        cfg = self.config(server={"drain_timeout": "1s"}, timeout="60s")
+        proxy = self.start_proxy(config=cfg)
+        stuck = in_thread(self.post, proxy, "drain-stuck", headers=[("X-Test-Fault", "hang")],
+                          timeout=30)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("drain-stuck") == 1, 3))
+        t0 = time.monotonic()
+        proxy.terminate()
+        rc = proxy.wait_exit(10)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(rc, 0, proxy.stderr())
+        self.assertLess(elapsed, 5.0, "drain_timeout 1s not honoured")
+        try:
+            stuck.result(10)
+        except Exception:
+            pass
+
+    def test_sigint_also_exits_0(self):
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "int-1"))
+        proxy.stop_called = True
+        proxy.proc.send_signal(harness.signal.SIGINT)
+        self.assertEqual(proxy.proc.wait(10), 0, proxy.stderr())
+
+
+if __name__ == "__main__":
+    unittest.main()
