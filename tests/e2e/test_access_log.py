@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""stdout carries one JSON access-log line per request, written as it happens,
+with the outcome of each request; keys appear only as a short hash, never
+raw."""
+
+import re
+import time
+import unittest
+
+import harness
+from harness import in_thread
+
+FIELDS = ("time", "method", "path", "status", "outcome", "scope", "key", "upstream_ms", "total_ms")
+
+
+class AccessLog(harness.ProxyTestCase):
+    def test_one_line_per_request_with_outcome(self):
+        proxy = self.start_proxy(config=self.config(routes=[
+            self.route(wait="0s", lease="3s", heartbeat="1s", max_body="1KiB"),
+            self.route(path="/v1/strict", scope="strict", require_key=True),
+        ]))
+        raw_keys = ["log-key-forwarded-1", "log-key-busy-2", "log-key-released-3"]
+        expected = []
+
+        def send(expect_status, expect_outcome, *args, **kw):
+            r = self.post(proxy, *args, **kw)
+            self.assertEqual(r.status, expect_status, r)
+            expected.append((expect_status, expect_outcome))
+            return r
+
+        send(201, "forwarded", raw_keys[0])
+        send(201, "replayed", raw_keys[0])
+        send(422, "mismatch", raw_keys[0], body=b'{"other":1}')
+        send(400, "rejected", "x" * 300)
+        send(400, "rejected", None, path="/v1/strict")
+        send(413, "rejected", "log-big", body=b"b" * 2000, content_type="text/plain")
+        send(201, "passthrough", None)
+        send(201, "passthrough", "log-get", method="GET", body=b"", content_type=None)
+        send(503, "released", raw_keys[2], headers=[("X-Test-Status", "503")])
+        busy = in_thread(self.post, proxy, raw_keys[1], headers=[("X-Test-Delay-Ms", "800")])
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(raw_keys[1]) == 1, 3))
+        send(409, "conflict", raw_keys[1])
+        self.assertEqual(busy.result(10).status, 201)
+        expected.append((201, "forwarded"))
+
+        entries = proxy.wait_access_log(len(expected))
+        self.assertEqual(len(entries), len(expected), entries)
+        got = sorted((e["status"], e["outcome"]) for e in entries)
+        self.assertEqual(got, sorted(expected))
+
+        for e in entries:
+            for field in FIELDS:
+                self.assertIn(field, e, e)
+            self.assertIsInstance(e["status"], int)
+            self.assertIsInstance(e["total_ms"], (int, float))
+            self.assertTrue(e["key"] is None or re.fullmatch(r"[0-9a-f]{8}", e["key"]), e)
+        by_outcome = {}
+        for e in entries:
+            by_outcome.setdefault(e["outcome"], []).append(e)
+        # The same key always hashes to the same short form.
+        fwd = [e for e in by_outcome["forwarded"] if e["path"] == "/v1/payments"]
+        self.assertEqual(by_outcome["replayed"][0]["key"], by_outcome["mismatch"][0]["key"])
+        self.assertIn(by_outcome["replayed"][0]["key"], [e["key"] for e in fwd])
+        self.assertEqual(by_outcome["replayed"][0]["scope"], "payments")
+        self.assertEqual(by_outcome["replayed"][0]["method"], "POST")
+        self.assertEqual(by_outcome["replayed"][0]["path"], "/v1/payments")
+        for e in by_outcome["passthrough"]:
+            if e["method"] == "POST":
+                self.assertIsNone(e["key"])
+
+        text = proxy.stdout() + proxy.stderr()
+        for k in raw_keys + ["log-big", "log-get"]:
+            self.assertNotIn(k, text, "raw key %s in the logs" % k)
+
+    def test_lines_are_written_as_requests_happen(self):
+        # A log shipper reads stdout while the proxy runs: no buffering
+        # until exit.
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "live-1"))
+        deadline = time.monotonic() + 2
+        while not proxy.access_log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(proxy.access_log()), 1, "access log not flushed per line")
+        self.assertEqual(proxy.access_log()[0]["outcome"], "forwarded")
+
+    def test_access_log_false_writes_nothing(self):
+        proxy = self.start_proxy(config=self.config(access_log=False))
+        self.assertExecuted(self.post(proxy, "quiet-1"))
+        self.assertEqual(proxy.stop(), 0)
+        self.assertEqual(proxy.stdout().strip(), "")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The command line: check-config prints the effective configuration and exits
+0, or exits 1 with an error naming the field; a bad config stops `--config`
+at start; --help and --version exit 0; `idemproxy --upstream URL` alone runs
+with every default; --listen/--upstream/--store override the file."""
+
+import json
+import os
+import subprocess
+import unittest
+
+import harness
+
+
+class CliAndConfig(harness.ProxyTestCase):
+    def run_bin(self, *args, timeout=10):
+        return subprocess.run([harness.binary()] + list(args), stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, cwd=self.workdir)
+
+    def write(self, name, doc):
+        path = os.path.join(self.workdir, name)
+        with open(path, "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        return path
+
+    def check_invalid(self, doc, field):
+        p = self.run_bin("check-config", self.write("bad.json", doc))
+        out = (p.stdout + p.stderr).decode("utf-8", "replace")
+        self.assertEqual(p.returncode, 1, out)
+        self.assertIn(field, out, "the error does not name %s" % field)
+        return out
+
+    def test_check_config_valid_prints_effective_config(self):
+        path = self.write("good.json", {"upstream": "http://127.0.0.1:9",
+                                        "routes": [{"path": "/v1/payments"}]})
+        p = self.run_bin("check-config", path)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        eff = json.loads(p.stdout)
+        route = eff["routes"][0]
+        # Every default spelled out.
+        for field in ("match", "methods", "scope", "ttl", "lease", "heartbeat", "wait",
+                      "require_key", "fingerprint", "max_body", "max_key_length",
+                      "release_on", "on_unknown", "strip_headers"):
+            self.assertIn(field, route, "effective route lacks %s" % field)
+        self.assertEqual(route["methods"], ["POST", "PATCH"])
+        self.assertEqual(route["max_key_length"], 255)
+        self.assertEqual(route["require_key"], False)
+        self.assertEqual(route["on_unknown"], "release")
+        self.assertEqual(route["fingerprint"], "auto")
+        self.assertEqual([h.lower() for h in route["strip_headers"]], ["set-cookie"])
+        self.assertIn("path", eff["store"])
+
+    def test_check_config_names_the_bad_field(self):
+        base = {"upstream": "http://127.0.0.1:9"}
+        self.check_invalid(dict(base, routes=[{"path": "/p", "ttl": "forever"}]), "routes[0].ttl")
+        self.check_invalid(dict(base, routes=[{"path": "/p", "max_body": "1MB"}]),
+                           "routes[0].max_body")
+        self.check_invalid(dict(base, routes=[{"path": "/p", "require_key": "yes"}]),
+                           "routes[0].require_key")
+        out = self.check_invalid(dict(base, routes=[{"path": "/p"}, {"path": "/q", "lease": "1s",
+                                                                     "heartbeat": "1s"}]),
+                                 "routes[1].")
+        self.assertIn("heartbeat", out)
+        self.check_invalid(dict(base, routes=[{"path": "/p", "scope": ""}]), "routes[0].scope")
+        self.check_invalid(dict(base, routes=[{"path": "/p", "scope": "s" * 129}]),
+                           "routes[0].scope")
+        self.check_invalid(dict(base, routes=[{"path": "/p", "on_unknown": "retry"}]),
+                           "routes[0].on_unknown")
+        self.check_invalid(dict(base, bogus=1), "bogus")
+        self.check_invalid(dict(base, routes=[{"path": "/p", "colour": "red"}]), "colour")
+        self.check_invalid(dict(base, store={"map_size": "big"}), "store.map_size")
+        self.check_invalid({"upstream": 42}, "upstream")
+        self.check_invalid("{ not json", "")
+
+    def test_check_config_missing_file_exits_1(self):
+        p = self.run_bin("check-config", os.path.join(self.workdir, "nope.json"))
+        self.assertEqual(p.returncode, 1)
+        self.assertTrue((p.stdout + p.stderr).strip())
+
+    def test_run_with_bad_config_fails_at_start(self):
+        path = self.write("bad-run.json", {"listen": "127.0.0.1:%d" % harness.free_port(),
+                                           "upstream": self.upstream.url,
+                                           "routes": [{"path": "/p", "ttl": "forever"}]})
+        p = self.run_bin("--config", path)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("routes[0].ttl", p.stderr.decode("utf-8", "replace"))
+
+    def test_help_and_version(self):
+        h = self.run_bin("--help")
+        self.assertEqual(h.returncode, 0, h.stderr)
+        text = (h.stdout + h.stderr).decode()
+        for word in ("--config", "--listen", "--upstream", "--store", "check-config"):
+            self.assertIn(word, text)
+        v = self.run_bin("--version")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        self.assertRegex((v.stdout + v.stderr).decode(), r"\d+\.\d+\.\d+")
+
+    def test_upstream_alone_runs_with_defaults(self):
+        port = harness.free_port()
+        proc = subprocess.Popen([harness.binary(), "--upstream", self.upstream.url,
+                                 "--listen", "127.0.0.1:%d" % port],
+                                cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            self.assertTrue(harness.wait_for(lambda: _listening(port) or proc.poll() is not None, 10))
+            self.assertIsNone(proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+            h = [("Idempotency-Key", "defaults-1"), ("Content-Type", "application/json")]
+            first = harness.request(port, "POST", "/any/path", h, b"{}")
+            self.assertExecuted(first)
+            again = harness.request(port, "POST", "/any/path", h, b"{}")
+            self.assertReplayOf(again, first)
+            self.assertEqual(self.upstream.count("defaults-1"), 1)
+            # The default store path is ./idemproxy-data.
+            self.assertTrue(os.path.isdir(os.path.join(self.workdir, "idemproxy-data")))
+        finally:
+            proc.terminate()
+            rc = proc.wait(10)
+        self.assertEqual(rc, 0)
+
+    def test_command_line_overrides_the_file(self):
+        dead = "http://127.0.0.1:%d" % harness.closed_port()
+        cfg = self.config(upstream_url=dead)
+        store = os.path.join(self.workdir, "override-store")
+        proxy = self.start_proxy(config=cfg, args=["--upstream", self.upstream.url,
+                                                   "--store", store])
+        self.assertExecuted(self.post(proxy, "override-1"))
+        self.assertTrue(os.path.isdir(store), "--store not used")
+        self.assertFalse(os.path.exists(self.store_path), "the file's store path was used")
+
+    def test_missing_upstream_is_an_error(self):
+        p = self.run_bin("--listen", "127.0.0.1:%d" % harness.free_port())
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("upstream", (p.stdout + p.stderr).decode("utf-8", "replace"))
+
+
+def _listening(port):
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    unittest.main()
