@@ -61,6 +61,22 @@ class DuplicateReplayed(harness.ProxyTestCase):
         self.assertReplayOf(self.post(proxy, '"xyz-1"'), first2)
         self.assertEqual(self.upstream.total(), 2)
 
+    def test_structured_field_escapes_are_unescaped(self):
+        # RFC 8941 sf-string: \\ is a backslash, \" a quote.
+        proxy = self.start_proxy()
+        first = self.post(proxy, '"back\\\\slash"')
+        self.assertExecuted(first)
+        self.assertReplayOf(self.post(proxy, "back\\slash"), first)
+        self.assertEqual(self.upstream.total(), 1)
+
+    def test_header_name_is_case_insensitive(self):
+        proxy = self.start_proxy()
+        first = self.post(proxy, "case-1")
+        again = proxy.request("POST", "/v1/payments", [("content-type", "application/json"),
+                                                       ("idempotency-key", "case-1")],
+                              harness.PAYMENT_BODY)
+        self.assertReplayOf(again, first)
+
     def test_replay_after_patch_on_same_route(self):
         proxy = self.start_proxy()
         first = self.post(proxy, "patch-1", method="PATCH")

@@ -76,6 +76,12 @@ class FirstRequestForwarded(harness.ProxyTestCase):
         self.assertNotEqual(r1.charge_id, r3.charge_id)
         self.assertEqual(self.upstream.total(), 2)
 
+    def test_path_and_query_reach_upstream_under_its_base_path(self):
+        proxy = self.start_proxy(config=self.config(upstream_url=self.upstream.url + "/api"))
+        r = self.post(proxy, "base-1", path="/v1/payments?expand=customer&x=%20y")
+        self.assertExecuted(r)
+        self.assertEqual(r.json()["path"], "/api/v1/payments?expand=customer&x=%20y")
+
     def test_chunked_request_body_forwarded(self):
         proxy = self.start_proxy()
         body = b'{"amount":1000,"currency":"eur","note":"' + b"x" * 5000 + b'"}'

@@ -41,6 +41,24 @@ class InProgressDuplicate(harness.ProxyTestCase):
         self.assertEqual(self.upstream.count("wait-rel"), 2)
         self.assertReplayOf(self.post(proxy, "wait-rel"), dup)
 
+    def test_waiters_hold_no_thread(self):
+        # One worker; 40 duplicates wait on a slow holder. If each waiter
+        # held the worker, an unrelated request could not be served.
+        proxy = self.start_proxy(config=self.config(
+            routes=[self.route(wait="8s")], server={"workers": 1}))
+        first = in_thread(self.post, proxy, "many-wait", headers=[("X-Test-Delay-Ms", "2500")])
+        harness.wait_for(lambda: self.upstream.total() == 1, 3)
+        waiters = [in_thread(self.post, proxy, "many-wait") for _ in range(40)]
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        other = self.post(proxy, "unrelated")
+        self.assertExecuted(other)
+        self.assertLess(time.monotonic() - t0, 1.0, "waiters blocked an unrelated request")
+        r1 = first.result(10)
+        for w in waiters:
+            self.assertReplayOf(w.result(10), r1)
+        self.assertEqual(self.upstream.count("many-wait"), 1)
+
     def test_wait_zero_gives_409_with_retry_after(self):
         proxy = self.start_proxy(wait="0s", lease="5s", heartbeat="1s")
         first = in_thread(self.post, proxy, "conflict-1", headers=[("X-Test-Delay-Ms", "1500")])

@@ -51,6 +51,15 @@ class InvalidKeyRejected(harness.ProxyTestCase):
         self.assertExecuted(self.send(proxy, ["rep-1"]))
         self.assertEqual(self.upstream.total(), 1)
 
+    def test_bare_key_with_inner_quote_is_valid(self):
+        # '"' is visible ASCII; a key that does not start with '"' is bare.
+        proxy = self.start_proxy()
+        first = self.send(proxy, ['ord"42'])
+        self.assertExecuted(first)
+        again = self.send(proxy, ['ord"42'])
+        self.assertTrue(again.replayed, again)
+        self.assertEqual(self.upstream.total(), 1)
+
     def test_every_visible_ascii_character_is_accepted(self):
         proxy = self.start_proxy()
         visible = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != '"')

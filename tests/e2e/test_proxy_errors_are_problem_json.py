@@ -76,6 +76,9 @@ class ProblemJson(harness.ProxyTestCase):
             ("400 Content-Length not a number", raw(base + ["Content-Length: abc"], b"xx"), (400,)),
             ("431 header block", raw(base + ["X-Big-%d: %s" % (i, "b" * 1000) for i in range(200)]
                                      + ["Content-Length: 0"]), (400, 431)),
+            ("431 header block of 1 MiB", raw(base + ["X-Big-%d: %s" % (i, "b" * 1024)
+                                                      for i in range(1024)]
+                                              + ["Content-Length: 0"]), (400, 431)),
         ]
         for name, data, statuses in cases:
             with self.subTest(name):

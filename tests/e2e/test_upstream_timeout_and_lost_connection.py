@@ -74,6 +74,17 @@ class UpstreamTimeoutAndLostConnection(harness.ProxyTestCase):
                 self.assertTrue(again.replayed, again)
                 self.assertEqual(self.upstream.count(key), 1)
 
+    def test_response_over_max_response_is_502_and_released(self):
+        cfg = self.config()
+        cfg["upstream"]["max_response"] = "100KiB"
+        proxy = self.start_proxy(config=cfg)
+        r = self.post(proxy, "too-big", headers=[("X-Test-Fault", "huge"), ("X-Test-Size", "200000")])
+        self.assertProblem(r, 502)
+        retry = self.post(proxy, "too-big", headers=[("X-Test-Fault", "huge"), ("X-Test-Size", "1000")])
+        self.assertEqual(retry.status, 201, retry)
+        self.assertFalse(retry.replayed, retry)
+        self.assertEqual(self.upstream.count("too-big"), 2)
+
     def test_on_unknown_complete_does_not_store_upstream_5xx(self):
         # A 5xx the upstream answered is a known outcome: release_on applies.
         proxy = self.proxy(on_unknown="complete")
