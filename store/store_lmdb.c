@@ -45,12 +45,30 @@
  * records costs a few short transactions, not a scan. */
 #define FULL_PURGE_BATCH 256
 #define FULL_PURGE_ROUNDS 8
+/* Space rules, see space_claim(): a completion must leave the reserve free
+ * (map/256, 16..256 pages) so that purge and release can always run, and an
+ * acquire must leave the reserve plus headroom (map/64, 64 KiB..1 MiB, the
+ * default max_body) for the answer it leads to. */
+#define RESERVE_MIN_PAGES 16
+#define RESERVE_MAX_PAGES 256
+#define HEADROOM_MIN_BYTES ((uint64_t)64 << 10)
+#define HEADROOM_MAX_BYTES ((uint64_t)1 << 20)
+/* Pages a write transaction copies besides its values: the root-to-leaf
+ * paths of the two trees, counted once per transaction, and about one page
+ * per record written (leaf splits and copies of other leaves). */
+#define TXN_PATH_PAGES 8
+#define RECORD_PAGES 1
+/* LMDB's page header, which an overflow value also carries. */
+#define PAGE_HEADER_BYTES 16
 
 struct lmdb_store {
     MDB_env *env;
     MDB_dbi records;
     MDB_dbi expiry;
     struct store_clock clock;
+    uint64_t page_bytes;
+    uint64_t reserve_pages;
+    uint64_t headroom_pages;
     _Atomic uint64_t commits;
     _Atomic uint64_t ops_committed;
 
@@ -255,6 +273,166 @@ static bool lease_matches(const struct store_record_view *v, const uint8_t lease
     return CRYPTO_memcmp(v->lease_id, lease_id, STORE_LEASE_ID_BYTES) == 0;
 }
 
+/* Takes a read transaction from the pool (renewed to the latest snapshot)
+ * or begins a new one. */
+static int read_begin(struct lmdb_store *s, MDB_txn **out)
+{
+    MDB_txn *txn = NULL;
+    int rc = STORE_OK;
+
+    pthread_mutex_lock(&s->pool_lock);
+    if (s->pool_len > 0) {
+        txn = s->pool[--s->pool_len];
+    }
+    pthread_mutex_unlock(&s->pool_lock);
+    if (txn != NULL && mdb_txn_renew(txn) != 0) {
+        mdb_txn_abort(txn);
+        txn = NULL;
+    }
+    if (txn == NULL) {
+        rc = map_err(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
+    }
+    *out = rc == STORE_OK ? txn : NULL;
+    return rc;
+}
+
+/* Ends a read transaction: reset (it no longer pins a snapshot, so writers
+ * can reuse pages) and pooled, or aborted when the pool is full. */
+static void read_end(struct lmdb_store *s, MDB_txn *txn)
+{
+    mdb_txn_reset(txn);
+    pthread_mutex_lock(&s->pool_lock);
+    if (s->pool_len < LMDB_READ_POOL) {
+        s->pool[s->pool_len++] = txn;
+        txn = NULL;
+    }
+    pthread_mutex_unlock(&s->pool_lock);
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+}
+
+/* Free pages on LMDB's freelist that the next write transaction may reuse.
+ * A cursor on the freelist (dbi 0) is allowed only in a read transaction.
+ * Each entry is keyed by the transaction that freed its pages, and those
+ * pages are reusable only once that transaction is older than the last
+ * committed one (LMDB keeps the previous snapshot intact for crash safety).
+ * The value is an array of page numbers led by its count; memcpy because
+ * LMDB aligns values only to 2 bytes. */
+static int freelist_pages(struct lmdb_store *s, uint64_t *out)
+{
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_envinfo info;
+    MDB_val kv;
+    MDB_val dv;
+    MDB_cursor_op step = MDB_FIRST;
+    uint64_t total = 0;
+    int rc = map_err(mdb_env_info(s->env, &info));
+
+    if (rc == STORE_OK) {
+        rc = read_begin(s, &txn);
+    }
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = map_err(mdb_cursor_open(txn, 0, &cur));
+    while (rc == STORE_OK) {
+        size_t freed_by = 0;
+        size_t count = 0;
+        int got = mdb_cursor_get(cur, &kv, &dv, step);
+        step = MDB_NEXT;
+        if (got == MDB_NOTFOUND) {
+            break;
+        }
+        if (got != 0) {
+            rc = map_err(got);
+        } else if (kv.mv_size == sizeof(freed_by) && dv.mv_size >= sizeof(count)) {
+            memcpy(&freed_by, kv.mv_data, sizeof(freed_by));
+            memcpy(&count, dv.mv_data, sizeof(count));
+            if (freed_by < info.me_last_txnid) {
+                total += count;
+            }
+        }
+    }
+    if (cur != NULL) {
+        mdb_cursor_close(cur);
+    }
+    read_end(s, txn);
+out:
+    *out = total;
+    return rc;
+}
+
+/*
+ * Free space as one write transaction sees it. LMDB cannot delete anything
+ * in a map that is full to the last page (every write copies pages), so a
+ * store that let completions fill it would stay full even once every record
+ * expired. And an acquire that fits while the answer it leads to does not
+ * would let the proxy run an action whose result cannot be stored: the
+ * store must be full for new keys before it is full for completions
+ * (CONTRACT.md section 3, "full after purging": fail closed).
+ *
+ * So each acquire and complete claims an estimate of the pages it writes,
+ * and must leave the reserve free (completes) or the reserve plus headroom
+ * (acquires); a claim that does not fit fails like MDB_MAP_FULL and goes
+ * through the same purge and retry. Free pages are those past the map's
+ * high-water mark and, only when those are not enough, the reusable ones on
+ * the freelist, so the usual cost is reading the meta page once per batch.
+ * It is an estimate (contiguity is not counted, nor readers pinning old
+ * pages), which is all a reserve needs: LMDB itself still refuses what does
+ * not fit.
+ */
+struct space {
+    bool tail_known;
+    bool list_known;
+    uint64_t free_pages;
+    uint64_t claimed;
+};
+
+static int space_claim(struct lmdb_store *s, struct space *sp, uint64_t need, uint64_t keep)
+{
+    int rc = STORE_OK;
+
+    if (!sp->tail_known) {
+        MDB_envinfo info;
+        uint64_t map_pages;
+        uint64_t used_pages;
+        rc = map_err(mdb_env_info(s->env, &info));
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        map_pages = (uint64_t)info.me_mapsize / s->page_bytes;
+        used_pages = (uint64_t)info.me_last_pgno + 1;
+        sp->free_pages = map_pages > used_pages ? map_pages - used_pages : 0;
+        sp->tail_known = true;
+        sp->claimed = TXN_PATH_PAGES;
+    }
+    if (sp->free_pages < sp->claimed + need + keep && !sp->list_known) {
+        uint64_t listed = 0;
+        rc = freelist_pages(s, &listed);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        sp->free_pages += listed;
+        sp->list_known = true;
+    }
+    if (sp->free_pages < sp->claimed + need + keep) {
+        rc = STORE_EFULL;
+        goto out;
+    }
+    sp->claimed += need;
+out:
+    return rc;
+}
+
+/* The pages a value of n bytes takes once it no longer fits in a leaf: a
+ * run of overflow pages. Small values are counted as one page. */
+static uint64_t value_pages(const struct lmdb_store *s, size_t n)
+{
+    return ((uint64_t)n + PAGE_HEADER_BYTES + s->page_bytes - 1) / s->page_bytes;
+}
+
 /* The result of one op, kept apart from the op until the transaction
  * commits: a failed call leaves the caller's ops untouched. */
 struct op_result {
@@ -271,8 +449,8 @@ static void result_clear(struct op_result *r)
     memset(r, 0, sizeof(*r));
 }
 
-static int do_acquire(struct lmdb_store *s, MDB_txn *txn, int64_t now, const struct store_op *op,
-                      struct op_result *res)
+static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
+                      const struct store_op *op, struct op_result *res)
 {
     struct store_record_view cur;
     struct store_record_view next;
@@ -300,6 +478,10 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, int64_t now, const str
     }
     /* Absent, COMPLETE past its TTL (absent even before a purge, seed 000),
      * or IN_PROGRESS with an expired lease: a steal. */
+    rc = space_claim(s, sp, RECORD_PAGES, s->reserve_pages + s->headroom_pages);
+    if (rc != STORE_OK) {
+        goto out;
+    }
     if (found) {
         rc = index_del(s, txn, cur.expires_ms, op->key);
         if (rc != STORE_OK) {
@@ -333,12 +515,13 @@ out:
  * caller's lease, which is what fences a stale owner out after a steal
  * (seed 000, "Fencing"). A lease that expired but was not stolen still
  * matches: nobody else has been given the record. */
-static int do_leased(struct lmdb_store *s, MDB_txn *txn, int64_t now, const struct store_op *op,
-                     struct op_result *res)
+static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
+                     const struct store_op *op, struct op_result *res)
 {
     struct store_record_view cur;
     struct store_record_view next;
     bool found = false;
+    size_t size = 0;
     int rc = record_load(s, txn, op->key, &cur, &found);
 
     if (rc != STORE_OK) {
@@ -367,7 +550,13 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, int64_t now, const stru
         next.headers_len = op->headers.len;
         next.body = op->body.ptr;
         next.body_len = op->body.len;
-        rc = index_del(s, txn, cur.expires_ms, op->key);
+        rc = store_record_size(&next, &size);
+        if (rc == STORE_OK) {
+            rc = space_claim(s, sp, value_pages(s, size) + RECORD_PAGES, s->reserve_pages);
+        }
+        if (rc == STORE_OK) {
+            rc = index_del(s, txn, cur.expires_ms, op->key);
+        }
         if (rc == STORE_OK) {
             rc = record_put(s, txn, op->key, &next);
         }
@@ -402,8 +591,10 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
 {
     MDB_txn *txn = NULL;
     int64_t now;
+    struct space sp;
     int rc = map_err(mdb_txn_begin(s->env, NULL, 0, &txn));
 
+    memset(&sp, 0, sizeof(sp));
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
@@ -413,9 +604,9 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
     now = now_ms(s);
     for (size_t i = 0; i < n && rc == STORE_OK; i++) {
         if (ops[i].kind == STORE_OP_ACQUIRE) {
-            rc = do_acquire(s, txn, now, &ops[i], &res[i]);
+            rc = do_acquire(s, txn, &sp, now, &ops[i], &res[i]);
         } else {
-            rc = do_leased(s, txn, now, &ops[i], &res[i]);
+            rc = do_leased(s, txn, &sp, now, &ops[i], &res[i]);
         }
     }
     if (rc != STORE_OK) {
@@ -441,9 +632,41 @@ out:
 
 static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more);
 
-/* The batch hit MDB_MAP_FULL, after which LMDB requires the transaction to be
- * aborted. Make room by purging (a few bounded batches), then retry the ops
- * one by one so that only the ops that still do not fit are refused. */
+/* LMDB reuses the pages a transaction freed only from the second transaction
+ * after it (the previous snapshot must survive a crash), so the pages the
+ * last commit freed (a purge's, say) are of no use to the very next
+ * transaction, and the space estimate does not count them. One small
+ * committed write in between makes them usable for the retry. Without it a
+ * store that had just been purged would stay full to every acquire until
+ * some other write happened to commit. */
+static void settle_after_purge(struct lmdb_store *s)
+{
+    MDB_txn *txn = NULL;
+    uint8_t probe = 0;
+    MDB_val kv = {sizeof(probe), &probe};
+    MDB_val dv = {0, NULL};
+    int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+
+    if (rc == 0) {
+        rc = mdb_put(txn, s->records, &kv, &dv, 0);
+        if (rc == 0) {
+            rc = mdb_del(txn, s->records, &kv, NULL);
+        }
+        if (rc == 0) {
+            rc = mdb_txn_commit(txn);
+        } else {
+            mdb_txn_abort(txn);
+        }
+    }
+    if (rc == 0) {
+        atomic_fetch_add(&s->commits, 1);
+    }
+}
+
+/* The batch hit MDB_MAP_FULL (after which LMDB requires the transaction to be
+ * aborted) or a space rule. Make room by purging (a few bounded batches),
+ * then retry the ops one by one so that only the ops that still do not fit
+ * are refused. */
 static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
                             size_t n)
 {
@@ -457,6 +680,7 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
             more = false;
         }
     }
+    settle_after_purge(s); /* best effort: the retry says what fits */
     /* Earlier ops may commit here, so the call itself succeeds and reports
      * them; an op that still does not fit is reported as not applied, and
      * after a hard error so is every later op (that error would repeat;
@@ -510,45 +734,6 @@ out:
     return rc;
 }
 
-/* Takes a read transaction from the pool (renewed to the latest snapshot)
- * or begins a new one. */
-static int read_begin(struct lmdb_store *s, MDB_txn **out)
-{
-    MDB_txn *txn = NULL;
-    int rc = STORE_OK;
-
-    pthread_mutex_lock(&s->pool_lock);
-    if (s->pool_len > 0) {
-        txn = s->pool[--s->pool_len];
-    }
-    pthread_mutex_unlock(&s->pool_lock);
-    if (txn != NULL && mdb_txn_renew(txn) != 0) {
-        mdb_txn_abort(txn);
-        txn = NULL;
-    }
-    if (txn == NULL) {
-        rc = map_err(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
-    }
-    *out = rc == STORE_OK ? txn : NULL;
-    return rc;
-}
-
-/* Ends a read transaction: reset (it no longer pins a snapshot, so writers
- * can reuse pages) and pooled, or aborted when the pool is full. */
-static void read_end(struct lmdb_store *s, MDB_txn *txn)
-{
-    mdb_txn_reset(txn);
-    pthread_mutex_lock(&s->pool_lock);
-    if (s->pool_len < LMDB_READ_POOL) {
-        s->pool[s->pool_len++] = txn;
-        txn = NULL;
-    }
-    pthread_mutex_unlock(&s->pool_lock);
-    if (txn != NULL) {
-        mdb_txn_abort(txn);
-    }
-}
-
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
 {
     struct lmdb_store *s = impl;
@@ -576,9 +761,8 @@ out:
 /* One purge transaction. Each step takes the first index entry again rather
  * than walking a cursor: every entry handled leaves the due range (deleted,
  * or moved past now), so the first entry is always the next one due. */
-static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
+static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
 {
-    struct lmdb_store *s = impl;
     MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     size_t handled = 0;
@@ -694,6 +878,22 @@ out:
     }
     if (rc != STORE_OK) {
         *more = false;
+    }
+    return rc;
+}
+
+/* Deleting copies pages too: in a nearly full map a big batch may not find
+ * room for the pages it touches, while a smaller one (within the reserve
+ * that completions leave) does. */
+static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
+{
+    struct lmdb_store *s = impl;
+    size_t batch = max_records;
+    int rc = purge_txn(s, batch, purged, more);
+
+    while (rc == STORE_EFULL && batch > 1) {
+        batch = batch > 16 ? batch / 16 : 1;
+        rc = purge_txn(s, batch, purged, more);
     }
     return rc;
 }
@@ -850,6 +1050,11 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
     return map_err(lrc);
 }
 
+static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 static void lmdb_close(void *impl);
 
 static int lmdb_open(const struct store_options *opt, void **impl, char *err, size_t errlen)
@@ -858,6 +1063,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     uint64_t map_bytes = opt->map_size_bytes != 0 ? opt->map_size_bytes : LMDB_DEFAULT_MAP_BYTES;
     unsigned int flags = MDB_NOTLS;
     struct stat sb;
+    MDB_stat est;
     int dead = 0;
     int lrc;
     int rc = STORE_ENOMEM;
@@ -883,6 +1089,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         snprintf(err, errlen, "store: bad clock or map size");
         goto out;
     }
+
     rc = make_dirs(opt->path, err, errlen);
     if (rc != STORE_OK) {
         goto out;
@@ -941,6 +1148,17 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (rc != STORE_OK) {
         goto out;
     }
+    lrc = mdb_env_stat(s->env, &est);
+    if (lrc != 0) {
+        rc = map_err(lrc);
+        snprintf(err, errlen, "store: cannot stat the environment: %s", mdb_strerror(lrc));
+        goto out;
+    }
+    s->page_bytes = est.ms_psize;
+    s->reserve_pages =
+        clamp_u64(map_bytes / s->page_bytes / 256, RESERVE_MIN_PAGES, RESERVE_MAX_PAGES);
+    s->headroom_pages =
+        clamp_u64(map_bytes / 64, HEADROOM_MIN_BYTES, HEADROOM_MAX_BYTES) / s->page_bytes;
     *impl = s;
     s = NULL;
 out:

@@ -73,29 +73,6 @@ static int open_at(struct fixture *f, const char *path, uint64_t map_size, struc
     return rc;
 }
 
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof(*f));
-    int rc = -1;
-
-    if (f == NULL) {
-        goto out;
-    }
-    snprintf(f->dir, sizeof(f->dir), "/tmp/idem-store-XXXXXX");
-    if (mkdtemp(f->dir) == NULL) {
-        free(f);
-        goto out;
-    }
-    snprintf(f->path, sizeof(f->path), "%s/data", f->dir);
-    atomic_store(&f->clock.now, T0);
-    f->store_clock.now_ms = fake_now;
-    f->store_clock.ctx = &f->clock;
-    rc = open_at(f, f->path, 0, &f->st);
-    *state = f;
-out:
-    return rc;
-}
-
 /* rm -rf of the test's own temporary directory. */
 static void remove_tree(const char *path)
 {
@@ -123,6 +100,35 @@ static void remove_tree(const char *path)
     rmdir(path);
 out:
     return;
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    int rc = -1;
+
+    if (f == NULL) {
+        goto out;
+    }
+    snprintf(f->dir, sizeof(f->dir), "/tmp/idem-store-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        free(f);
+        goto out;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/data", f->dir);
+    atomic_store(&f->clock.now, T0);
+    f->store_clock.now_ms = fake_now;
+    f->store_clock.ctx = &f->clock;
+    rc = open_at(f, f->path, 0, &f->st);
+    if (rc != 0) {
+        /* cmocka runs no teardown after a failed setup. */
+        remove_tree(f->dir);
+        free(f);
+        goto out;
+    }
+    *state = f;
+out:
+    return rc;
 }
 
 static int teardown(void **state)
@@ -1267,6 +1273,7 @@ static void test_store_full_then_purge_on_full(void **state)
     struct store_op g[3];
     struct store_op x;
     struct store_op o;
+    struct store_op held;
     struct store_stats s;
     enum store_outcome out = 0;
     uint8_t key[STORE_KEY_BYTES];
@@ -1292,6 +1299,9 @@ static void test_store_full_then_purge_on_full(void **state)
     assert_int_equal(g[2].outcome, STORE_ACQUIRED);
     assert_int_equal(state_of(st, "x"), STORE_STATE_IN_PROGRESS);
     assert_int_equal(state_of(st, "a"), STORE_STATE_IN_PROGRESS);
+
+    /* A request in flight while the store fills up. */
+    assert_int_equal(acquire(st, "held", 'a', 1000000, 1000000, &held), STORE_ACQUIRED);
 
     /* Fill with live records until even a small acquire does not fit. */
     memset(big, 0xab, sizeof(big));
@@ -1319,6 +1329,15 @@ static void test_store_full_then_purge_on_full(void **state)
 
     /* Everything there is live: still full. */
     assert_int_equal(acquire(st, "more", 'a', 500, 1000, &o), STORE_FULL);
+    /* New keys are refused while there is still room to store the answer
+     * of a request already running: the store fails closed for new work
+     * before it fails the work it admitted. */
+    key_of("held", key);
+    assert_int_equal(store_complete(st, key, held.lease_id, 1000000, 200,
+                                    (struct store_span){NULL, 0}, (struct store_span){big, 8192},
+                                    &out),
+                     0);
+    assert_int_equal(out, STORE_DONE);
 
     /* Once their TTL is past, apply's purge-on-full makes room. */
     advance(f, 2000);
@@ -1328,6 +1347,93 @@ static void test_store_full_then_purge_on_full(void **state)
     assert_int_equal(s.map_size_bytes, 1u << 20);
     store_close(st);
     free(huge);
+}
+
+/* Fills a fresh 1 MiB store at dir/tiny with requests in flight, then with
+ * their answers, as large as fit, until answers are refused too. Every
+ * record expires 1 s later and every lease 5 s later, or with mixed, only
+ * every other one (the others live for days). */
+static struct store *open_full_of_answers(struct fixture *f, bool mixed)
+{
+    enum { MAX_KEYS = 100000 };
+    struct store *st = NULL;
+    char path[256];
+    static uint8_t body[16384];
+    struct store_op *held = calloc(MAX_KEYS, sizeof(*held));
+    struct store_op o;
+    int n = 0;
+    int refused = 0;
+
+    assert_non_null(held);
+    snprintf(path, sizeof(path), "%s/tiny", f->dir);
+    assert_int_equal(open_at(f, path, 1u << 20, &st), 0);
+    for (n = 0; n < MAX_KEYS; n++) {
+        char name[32];
+        snprintf(name, sizeof(name), "k%d", n);
+        int64_t ttl_ms = mixed && n % 2 == 1 ? 1000000000 : 1000;
+        if (acquire(st, name, 'a', 5000, ttl_ms, &held[n]) != STORE_ACQUIRED) {
+            assert_int_equal(held[n].outcome, STORE_FULL);
+            break;
+        }
+    }
+    assert_true(n > 100 && n < MAX_KEYS);
+    for (int i = 0; i < n; i++) {
+        enum store_outcome out = 0;
+        int64_t ttl_ms = mixed && i % 2 == 1 ? 1000000000 : 1000;
+        for (size_t len = sizeof(body); len > 0; len /= 2) {
+            assert_int_equal(store_complete(st, held[i].key, held[i].lease_id, ttl_ms, 200,
+                                            (struct store_span){NULL, 0},
+                                            (struct store_span){body, len}, &out),
+                             0);
+            if (out == STORE_DONE) {
+                break;
+            }
+            assert_int_equal(out, STORE_FULL);
+        }
+        refused += out == STORE_FULL;
+    }
+    assert_true(refused > 0); /* the answers did fill the store */
+    assert_int_equal(acquire(st, "new", 'a', 1000, 1000, &o), STORE_FULL);
+    free(held);
+    return st;
+}
+
+/* Completions may use the headroom acquires leave, but not the last reserve:
+ * LMDB copies pages even to delete, so a map full to the last page could
+ * never be purged again. */
+static void test_store_full_of_answers_still_purges(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_full_of_answers(f, false);
+    struct store_op o;
+
+    /* Everything expires (TTLs and leases): purge-on-full must still run. */
+    advance(f, 10000);
+    assert_int_equal(acquire(st, "new", 'a', 1000, 1000, &o), STORE_ACQUIRED);
+    store_close(st);
+}
+
+/* Deleting copies pages too: a purge that thins out every leaf of a full
+ * map cannot copy them all in one transaction, so purge takes smaller
+ * batches instead of failing. */
+static void test_purge_shrinks_its_batch_when_full(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_full_of_answers(f, true);
+    uint64_t before = records_in(st);
+    uint64_t total = 0;
+    size_t purged = 0;
+    bool more = true;
+
+    advance(f, 10000);
+    for (int calls = 0; more && calls < 1000; calls++) {
+        assert_int_equal(store_purge(st, 1000000, &purged, &more), 0);
+        total += purged;
+    }
+    assert_false(more);
+    assert_int_equal(total, before / 2 + before % 2); /* the even keys */
+    assert_int_equal(records_in(st), before / 2);
+    store_close(st);
 }
 
 /* ---- record encoding ----------------------------------------------------- */
@@ -1616,6 +1722,8 @@ int main(void)
         STORE_TEST(test_scan_stops_when_asked),
         STORE_TEST(test_corrupt_record_reported_then_purged),
         STORE_TEST(test_store_full_then_purge_on_full),
+        STORE_TEST(test_store_full_of_answers_still_purges),
+        STORE_TEST(test_purge_shrinks_its_batch_when_full),
         cmocka_unit_test(test_key_derive),
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_decode_rejects_malformed),
