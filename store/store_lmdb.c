@@ -1027,22 +1027,37 @@ out:
     return rc;
 }
 
-/* Opens the two databases, creating them on first use. */
-static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
+/* Opens both databases in one transaction of the given kind; committing
+ * keeps the handles (a read-only commit writes nothing). */
+static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags)
 {
     MDB_txn *txn = NULL;
-    int lrc = mdb_txn_begin(s->env, NULL, 0, &txn);
+    int lrc = mdb_txn_begin(s->env, NULL, txn_flags, &txn);
 
     if (lrc == 0) {
-        lrc = mdb_dbi_open(txn, "records", MDB_CREATE, &s->records);
+        lrc = mdb_dbi_open(txn, "records", db_flags, &s->records);
     }
     if (lrc == 0) {
-        lrc = mdb_dbi_open(txn, "expiry", MDB_CREATE, &s->expiry);
+        lrc = mdb_dbi_open(txn, "expiry", db_flags, &s->expiry);
     }
     if (lrc == 0) {
         lrc = mdb_txn_commit(txn);
     } else if (txn != NULL) {
         mdb_txn_abort(txn);
+    }
+    return lrc;
+}
+
+/* Opens the two databases. An existing store is opened read-only, so that
+ * opening one beside running proxies (check-store, a second process) neither
+ * waits for the writer lock nor writes; only a new store takes a write
+ * transaction to create them. */
+static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
+{
+    int lrc = open_dbs_in(s, MDB_RDONLY, 0);
+
+    if (lrc == MDB_NOTFOUND) {
+        lrc = open_dbs_in(s, 0, MDB_CREATE);
     }
     if (lrc != 0) {
         snprintf(err, errlen, "store: cannot open databases: %s", mdb_strerror(lrc));
