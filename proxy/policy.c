@@ -201,10 +201,10 @@ enum idem_key_status idem_key_parse(const char *raw, size_t raw_len, size_t max_
     } else {
         for (size_t i = 0; i < raw_len; i++) {
             unsigned char c = (unsigned char)raw[i];
+            /* Only a leading '"' makes an sf-string: '"' further in is one
+             * more visible character of a bare key. */
             if (c < 0x21 || c > 0x7e)
                 return IDEM_KEY_BAD_CHAR;
-            if (c == '"')
-                return IDEM_KEY_BAD_QUOTING;
             if (n >= max_len)
                 return IDEM_KEY_TOO_LONG;
             out[n++] = (char)c;
