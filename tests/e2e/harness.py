@@ -13,11 +13,13 @@ free ports, so ctest can run the scenario files in parallel.
 
 At teardown every proxy still running gets SIGTERM and must exit 0. The
 binary is $IDEMPROXY_BIN or <repo>/build/idemproxy; a missing binary is a
-test error, never a skip. Set IDEMPROXY_E2E_KEEP=1 to keep the temporary
-directories (configs, stdout access logs, stderr, upstream execution log).
+test error, never a skip. The temporary directory (configs, stdout access
+logs, stderr, the upstream's execution log, the store) is kept when a test
+fails, and the logs' tails are printed; IDEMPROXY_E2E_KEEP=1 keeps it always.
 """
 
 import concurrent.futures
+import datetime
 import json
 import os
 import shutil
@@ -542,6 +544,12 @@ class ProxyTestCase(unittest.TestCase):
         self.upstream = Upstream(self.workdir).start()
         self.addCleanup(self._stop_upstream)
         self.proxies = []
+        self.notes = []
+
+    def note(self, fmt, *args):
+        """A timestamped line printed if the test fails (timing evidence)."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        self.notes.append("%s %s" % (stamp, fmt % args))
 
     def tearDown(self):
         problems = []
@@ -565,7 +573,33 @@ class ProxyTestCase(unittest.TestCase):
             raise AssertionError("upstream exited with %r: %s" % (
                 rc, open(self.upstream.stderr_path).read()[-2000:]))
 
+    def _failed(self):
+        """Whether this test has failed so far (from a cleanup function)."""
+        outcome = getattr(self, "_outcome", None)
+        if outcome is None:
+            return False
+        for _, exc_info in getattr(outcome, "errors", None) or []:  # Python <= 3.10
+            if exc_info is not None:
+                return True
+        result = getattr(outcome, "result", None)  # Python >= 3.11 reports at once
+        for test, _ in list(getattr(result, "failures", [])) + list(getattr(result, "errors", [])):
+            if test is self or getattr(test, "test_case", None) is self:
+                return True
+        return False
+
     def _remove_workdir(self):
+        if self._failed():
+            # Keep the evidence of a failure: configs, access logs, stderr,
+            # the upstream's execution log and the store.
+            sys.stderr.write("\n--- %s failed; kept %s\n" % (self.id(), self.workdir))
+            for line in self.notes:
+                sys.stderr.write("note %s\n" % line)
+            for name in sorted(os.listdir(self.workdir)):
+                if name.endswith((".stderr", ".stdout")):
+                    with open(os.path.join(self.workdir, name), "rb") as f:
+                        tail = f.read()[-3000:].decode("utf-8", "replace")
+                    sys.stderr.write("--- %s (tail)\n%s\n" % (name, tail))
+            return
         if os.environ.get("IDEMPROXY_E2E_KEEP"):
             sys.stderr.write("kept %s\n" % self.workdir)
             return
@@ -574,13 +608,16 @@ class ProxyTestCase(unittest.TestCase):
     # Configuration ----------------------------------------------------------
 
     def route(self, **overrides):
-        """The payments route used by most scenarios: short lease and wait."""
+        """The payments route used by most scenarios. Its lease leaves seconds
+        of slack so a loaded machine (ctest -j, sanitizers) cannot make a
+        lease lapse; scenarios about lease timing set short leases
+        themselves."""
         r = {
             "path": "/v1/payments",
             "methods": ["POST", "PATCH"],
             "scope": "payments",
-            "lease": "1s",
-            "heartbeat": "300ms",
+            "lease": "5s",
+            "heartbeat": "1s",
             "wait": "3s",
         }
         r.update(overrides)

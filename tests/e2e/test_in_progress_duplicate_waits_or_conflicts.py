@@ -75,14 +75,14 @@ class InProgressDuplicate(harness.ProxyTestCase):
         self.assertEqual(self.upstream.count("conflict-1"), 1)
 
     def test_wait_expires_into_409(self):
-        proxy = self.start_proxy(wait="500ms", lease="1s", heartbeat="300ms")
+        proxy = self.start_proxy(wait="500ms", lease="3s", heartbeat="500ms")
         first = in_thread(self.post, proxy, "conflict-2", headers=[("X-Test-Delay-Ms", "2500")])
         harness.wait_for(lambda: self.upstream.total() == 1, 3)
         t0 = time.monotonic()
         dup = self.post(proxy, "conflict-2")
         waited = time.monotonic() - t0
         self.assertProblem(dup, 409)
-        self.assertRetryAfter(dup, minimum=1, maximum=2)
+        self.assertRetryAfter(dup, minimum=1, maximum=3)
         self.assertGreaterEqual(waited, 0.4, "answered 409 before `wait` was over")
         self.assertLess(waited, 2.0, "waited past `wait`")
         self.assertExecuted(first.result(10))

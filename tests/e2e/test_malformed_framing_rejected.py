@@ -49,10 +49,17 @@ class MalformedFraming(harness.ProxyTestCase):
                                                 "Content-Length: 5"], b"0\r\n\r\n"))
         self.assertEqual(self.upstream.total(), 0)
 
-    def test_two_content_length_values(self):
+    def test_two_content_length_headers(self):
         proxy = self.start_proxy()
         self.check_rejected(proxy, head(BASE + ["Idempotency-Key: two-cl",
                                                 "Content-Length: 2", "Content-Length: 4"], b'{}{}'))
+        self.check_rejected(proxy, head(BASE + ["Idempotency-Key: two-cl-same",
+                                                "Content-Length: 4", "Content-Length: 4"], b'{}{}'))
+        self.assertEqual(self.upstream.total(), 0)
+
+    def test_content_length_list_value(self):
+        # Two values in one field line are two values too (RFC 9110 5.3).
+        proxy = self.start_proxy()
         self.check_rejected(proxy, head(BASE + ["Idempotency-Key: list-cl",
                                                 "Content-Length: 2, 4"], b'{}{}'))
         self.assertEqual(self.upstream.total(), 0)

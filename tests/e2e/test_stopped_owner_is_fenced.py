@@ -19,20 +19,20 @@ class StoppedOwnerFenced(harness.ProxyTestCase):
 
     def test_late_result_never_overwrites_the_thief(self):
         a, b = self.start_pair()
-        late = in_thread(self.post, a, "fence-1", headers=[("X-Test-Delay-Ms", "2500"),
+        late = in_thread(self.post, a, "fence-1", headers=[("X-Test-Delay-Ms", "3500"),
                                                           ("X-Test-Holder", "a")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("fence-1") == 1, 3))
         t0 = time.monotonic()
         time.sleep(0.2)
         a.sigstop()
         try:
-            time.sleep(1.6)  # a's lease (1 s after its last heartbeat) expires
+            time.sleep(1.8)  # a's lease (1 s after its last heartbeat) expires
             thief = self.post(b, "fence-1", headers=[("X-Test-Holder", "b")])
             self.assertExecuted(thief)
             self.assertEqual(self.upstream.count("fence-1"), 2)
         finally:
             a.sigcont()
-        self.assertLess(time.monotonic() - t0, 2.4, "the thief finished after a's upstream answer")
+        self.assertLess(time.monotonic() - t0, 3.3, "the thief finished after a's upstream answer")
 
         # a wakes up, receives the upstream's answer to its own request and
         # tries to complete with its stale lease.
@@ -55,7 +55,7 @@ class StoppedOwnerFenced(harness.ProxyTestCase):
         time.sleep(0.2)
         a.sigstop()
         try:
-            time.sleep(1.6)
+            time.sleep(1.8)
             # The thief's action is slow: it is still running when a wakes up
             # and tries to complete.
             thief_f = in_thread(self.post, b, "fence-2", headers=[("X-Test-Delay-Ms", "2000")])
