@@ -51,6 +51,8 @@ class StoreFull(harness.ProxyTestCase):
         self.assertProblem(rejected, 503)
         self.assertRetryAfter(rejected, minimum=1)
         self.assertFalse(rejected.replayed)
+        log = proxy.wait_access_log(1)
+        self.assertIn((503, "unavailable"), [(e["status"], e["outcome"]) for e in log])
 
         # Replays of stored keys keep working, byte for byte.
         for key, first in (stored[0], stored[-1]):
