@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""SIGTERM: the proxy stops accepting, lets the request in flight finish
-(completing its record), and exits 0; with an action that never ends it still
+"""SIGTERM: the proxy stops accepting, lets the requests in flight finish
+(completing their records, waiters getting the holder's answer), and exits 0; with an action that never ends it still
 exits 0 once server.drain_timeout is over."""
 
 import socket
@@ -38,6 +38,22 @@ class SigtermDrains(harness.ProxyTestCase):
         new = self.start_proxy(config=cfg, name="new")
         self.assertReplayOf(self.post(new, "drain-1"), r)
         self.assertEqual(self.upstream.count("drain-1"), 1)
+
+    def test_waiting_duplicate_finishes_during_drain(self):
+        # A duplicate waiting on the holder is in flight too: it gets the
+        # holder's answer, not a shutdown error.
+        proxy = self.start_proxy(config=self.config(routes=[self.route(wait="5s")],
+                                                    server={"drain_timeout": "10s"}))
+        holder = in_thread(self.post, proxy, "drain-wait", headers=[("X-Test-Delay-Ms", "1500")])
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("drain-wait") == 1, 3))
+        waiter = in_thread(self.post, proxy, "drain-wait")
+        time.sleep(0.3)
+        proxy.terminate()
+        first = holder.result(10)
+        self.assertExecuted(first)
+        self.assertReplayOf(waiter.result(10), first)
+        self.assertEqual(proxy.wait_exit(10), 0, proxy.stderr())
+        self.assertEqual(self.upstream.count("drain-wait"), 1)
 
     def test_drain_is_bounded(self):
         cfg = self.config(server={"drain_timeout": "1s"}, timeout="60s")
