@@ -72,13 +72,8 @@ class ProblemJson(harness.ProxyTestCase):
                                   b"0\r\n\r\n"), (400,)),
             ("400 two Content-Length", raw(base + ["Content-Length: 1", "Content-Length: 2"], b"xx"),
              (400,)),
-            ("400 Content-Length list", raw(base + ["Content-Length: 1, 2"], b"xx"), (400,)),
-            ("400 Content-Length not a number", raw(base + ["Content-Length: abc"], b"xx"), (400,)),
             ("431 header block", raw(base + ["X-Big-%d: %s" % (i, "b" * 1000) for i in range(200)]
                                      + ["Content-Length: 0"]), (400, 431)),
-            ("431 header block of 1 MiB", raw(base + ["X-Big-%d: %s" % (i, "b" * 1024)
-                                                      for i in range(1024)]
-                                              + ["Content-Length: 0"]), (400, 431)),
         ]
         for name, data, statuses in cases:
             with self.subTest(name):
@@ -87,6 +82,30 @@ class ProblemJson(harness.ProxyTestCase):
                 self.assertIn(resp.status, statuses, resp)
                 self.assertEqual(extra, b"", "bytes after the response: %r" % resp)
                 self.check(resp, resp.status)
+        self.assertEqual(self.upstream.total(), 0)
+
+    def test_framing_errors_answered_by_libmicrohttpd(self):
+        # The documented exception (README, HTTP behaviour): libmicrohttpd
+        # 0.9.75 answers these itself, before the proxy sees the request,
+        # with an HTML page rather than problem+json. The status is still
+        # right and nothing reaches the upstream. This test pins that the
+        # exception stays this narrow: if it ever answers problem+json, the
+        # README and this test should be updated together.
+        proxy = self.start_proxy()
+        base = ["POST /v1/payments HTTP/1.1", "Host: proxy.test", "Idempotency-Key: f"]
+        cases = [
+            ("400 Content-Length list", raw(base + ["Content-Length: 1, 2"], b"xx"), 400),
+            ("400 Content-Length not a number", raw(base + ["Content-Length: abc"], b"xx"), 400),
+            ("431 header block of 1 MiB", raw(base + ["X-Big-%d: %s" % (i, "b" * 1024)
+                                                      for i in range(1024)]
+                                              + ["Content-Length: 0"]), 431),
+        ]
+        for name, data, status in cases:
+            with self.subTest(name):
+                resp, closed, _extra = harness.raw_exchange(proxy.port, data)
+                self.assertIsNotNone(resp, "no answer")
+                self.assertEqual(resp.status, status, resp)
+                self.assertTrue(closed, "connection left open")
         self.assertEqual(self.upstream.total(), 0)
 
 
