@@ -1745,10 +1745,10 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
     return 0;
 }
 
-static void worker_fini(struct worker *w)
+/* Stops the daemon; first resumes anything still suspended, since MHD must
+ * not stop with suspended connections. The writer may still deliver. */
+static void worker_stop_daemon(struct worker *w)
 {
-    /* Resume anything still suspended: MHD must not stop with suspended
-     * connections. */
     struct request *r = w->active;
     while (r != NULL) {
         struct request *next = r->next;
@@ -1760,6 +1760,20 @@ static void worker_fini(struct worker *w)
     }
     if (w->mhd != NULL)
         MHD_stop_daemon(w->mhd);
+    w->mhd = NULL;
+}
+
+/* Frees the rest, once the writer has stopped: nothing is delivered any
+ * more, so what is left in the inbox (wake-ups for keys settled after this
+ * worker stopped) is freed here. */
+static void worker_fini(struct worker *w)
+{
+    worker_stop_daemon(w);
+    while (w->inbox_keys != NULL) {
+        struct inbox_key *next = w->inbox_keys->next;
+        free(w->inbox_keys);
+        w->inbox_keys = next;
+    }
     if (w->multi != NULL)
         curl_multi_cleanup(w->multi);
     if (w->epfd >= 0)
@@ -1877,8 +1891,10 @@ fail:
             pthread_join(srv->workers[i].thread, NULL);
         }
         for (unsigned i = 0; srv->workers != NULL && i < n; i++)
-            worker_fini(&srv->workers[i]);
+            worker_stop_daemon(&srv->workers[i]);
         writer_stop(srv->writer);
+        for (unsigned i = 0; srv->workers != NULL && i < n; i++)
+            worker_fini(&srv->workers[i]);
         free(srv->workers);
         free(srv->upstream_base);
         free(srv);
@@ -1901,9 +1917,11 @@ int proxy_server_join(struct proxy_server *srv)
     for (unsigned i = 0; i < srv->n_workers; i++)
         pthread_join(srv->workers[i].thread, NULL);
     for (unsigned i = 0; i < srv->n_workers; i++)
-        worker_fini(&srv->workers[i]);
+        worker_stop_daemon(&srv->workers[i]);
     /* Every record is settled; the writer flushes what is queued. */
     writer_stop(srv->writer);
+    for (unsigned i = 0; i < srv->n_workers; i++)
+        worker_fini(&srv->workers[i]);
     free(srv->workers);
     free(srv->upstream_base);
     free(srv);
