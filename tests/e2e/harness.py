@@ -390,6 +390,11 @@ class Upstream:
         """Every execution, in order (dicts with key, method, path, charge_id...)."""
         return self._get("/__executions?detail=1")["executions"]
 
+    def rejected(self):
+        """{"count": N, "reasons": [...]}: requests the upstream refused as
+        malformed (a proxy must never forward one)."""
+        return self._get("/__rejected")
+
     def reset(self):
         request(self.port, "POST", "/__reset")
 

@@ -43,6 +43,25 @@ class UpstreamSelfTest(harness.ProxyTestCase):
         self.assertEqual(self.upstream.executions(), {"total": 0, "by_key": {}})
         self.assertEqual(self.up().header("X-Charge-Id"), "ch_3")  # ids never repeat
 
+    def test_framing_and_connection_recorded_per_execution(self):
+        with Conn(self.upstream.port) as c:
+            c.request("POST", "/f1", [("Idempotency-Key", "f1")], b"abcd")
+            c.request("POST", "/f2", [("Idempotency-Key", "f2")], b"xyz" * 5, chunked=True)
+        e1, e2 = self.upstream.entries()
+        self.assertEqual((e1["content_length"], e1["transfer_encoding"], e1["body_len"]),
+                         (["4"], [], 4))
+        self.assertEqual((e2["content_length"], e2["transfer_encoding"], e2["body_len"]),
+                         ([], ["chunked"], 15))
+        self.assertEqual((e1["conn_seq"], e2["conn_seq"]), (1, 2))
+        self.assertEqual(e1["peer_port"], e2["peer_port"])
+        self.assertEqual(self.upstream.rejected()["count"], 0)
+        resp, _, _ = harness.raw_exchange(self.upstream.port, b"POST /bad HTTP/1.1\r\nHost: x\r\n"
+                                          b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+        self.assertEqual(resp.status, 400)
+        self.assertEqual(self.upstream.rejected(), {"count": 1,
+                                                    "reasons": ["400 conflicting Content-Length"]})
+        self.assertEqual(self.upstream.total(), 2)
+
     def test_control_endpoints_are_not_executions(self):
         self.assertEqual(self.up(method="GET", path="/__health").status, 200)
         self.assertEqual(self.up(method="GET", path="/__nope").status, 404)

@@ -4,7 +4,11 @@
 Every request to a path outside /__* is an *execution*: it mints a charge id
 (ch_1, ch_2, ... from one global counter), is counted (in memory and, with
 --log, as one fsync'ed JSON line in the execution log) and is answered, by
-default, with 201 and a JSON body describing what was received. Counting
+default, with 201 and a JSON body describing what was received. Each entry also
+records the framing it arrived with (every Content-Length value received, every
+Transfer-Encoding value, the body's length) and the connection it came on (the
+peer's port, and conn_seq: 1 for a connection's first request, 2 for the next
+one on the same keep-alive connection...). Counting
 happens as soon as the request has been read, before any delay or fault, so a
 checker can count executions per Idempotency-Key after any crash of the proxy.
 
@@ -27,6 +31,8 @@ Faults are chosen by request headers, which the proxy forwards end to end:
 
 Control endpoints (never executions):
   GET  /__executions[?key=K][&detail=1]   counts (and, with detail, every entry)
+  GET  /__rejected                         requests refused as malformed (never
+                                           executions): {"count": N, "reasons": [...]}
   POST /__reset                            clear the counts
   GET  /__health                           200
 
@@ -75,6 +81,8 @@ class Request:
         self.version = version
         self.headers = headers  # [(name, value)] as received, latin-1 text
         self.body = b""
+        self.conn_seq = 0  # 1 for the first request on its connection
+        self.peer_port = None
 
     def header_all(self, name):
         name = name.lower()
@@ -210,6 +218,7 @@ class Upstream:
         self.by_key = {}
         self.entries = []
         self.connections = set()
+        self.rejected = []  # reasons of the requests refused as malformed
 
     # -- executions --------------------------------------------------------
 
@@ -227,6 +236,11 @@ class Upstream:
             "charge_id": charge_id,
             "holder": req.header("x-test-holder"),
             "fault": req.header("x-test-fault"),
+            "content_length": req.header_all("content-length"),
+            "transfer_encoding": req.header_all("transfer-encoding"),
+            "body_len": len(req.body),
+            "conn_seq": req.conn_seq,
+            "peer_port": req.peer_port,
         }
         self.total += 1
         if key is not None:
@@ -386,6 +400,8 @@ class Upstream:
             self.by_key = {}
             self.entries = []
             doc = {"ok": True}
+        elif path == "/__rejected" and req.method == "GET":
+            doc = {"count": len(self.rejected), "reasons": self.rejected}
         elif path == "/__health" and req.method in ("GET", "HEAD"):
             doc = {"ok": True}
         else:
@@ -404,11 +420,14 @@ class Upstream:
     async def handle(self, reader, writer):
         task = asyncio.current_task()
         self.connections.add(task)
+        peer = writer.get_extra_info("peername")
+        seq = 0
         try:
             while True:
                 try:
                     req = await read_request(reader, writer)
                 except BadRequest as e:
+                    self.rejected.append("%d %s" % (e.status, e))
                     body = (str(e) + "\n").encode()
                     writer.write(response_head(e.status, [
                         ("Content-Type", "text/plain"), ("Content-Length", str(len(body))),
@@ -417,6 +436,9 @@ class Upstream:
                     break
                 if req is None:
                     break
+                seq += 1
+                req.conn_seq = seq
+                req.peer_port = peer[1] if peer else None
                 if not await self.dispatch(req, reader, writer):
                     break
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
