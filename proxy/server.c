@@ -51,12 +51,29 @@
 #define POLL_MAX_MS 200
 #define LOG_FLUSH_BYTES 32768
 #define MAX_EVENTS 128
+#define EASY_POOL_MAX 256
 
+/* What an epoll event is about: data.u64 = kind | fd << 8. */
 enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL };
 
-struct ep_tag {
-    enum ep_kind kind;
-    int fd;
+static uint64_t ep_data(enum ep_kind kind, int fd)
+{
+    return (uint64_t)kind | (uint64_t)(uint32_t)fd << 8;
+}
+
+/*
+ * A libcurl socket's epoll registration. libcurl drops a connection's socket
+ * (CURL_POLL_REMOVE) after every transfer and adds it again for the next
+ * one on the same kept-alive connection: two epoll_ctl calls per request.
+ * Instead a removed socket stays registered ("parked"); a re-add with the
+ * same interest costs nothing, an event on a parked socket unregisters it
+ * then, and libcurl's close callback forgets it (the kernel drops the
+ * registration of a closed descriptor itself).
+ */
+struct curl_sock {
+    uint32_t events; /* registered interest */
+    bool registered;
+    bool wanted; /* libcurl currently watches it */
 };
 
 enum req_state {
@@ -158,7 +175,8 @@ struct worker {
     struct MHD_Daemon *mhd;
     CURLM *multi;
     int64_t curl_deadline_ms; /* monotonic; -1 = none */
-    struct ep_tag mhd_tag, inbox_tag;
+    struct curl_sock *socks; /* indexed by descriptor */
+    size_t n_socks;
 
     pthread_mutex_t inbox_lock;
     struct writer_job *inbox_jobs;
@@ -173,6 +191,10 @@ struct worker {
 
     char *logbuf;
     size_t loglen;
+
+    CURL *easy_pool[EASY_POOL_MAX]; /* reset handles, reused: curl_easy_init
+                                       allocates and clears a large struct */
+    size_t n_easy_pool;
 };
 
 struct proxy_server {
@@ -621,6 +643,26 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
     return len;
 }
 
+static int curl_close_cb(void *clientp, curl_socket_t s);
+
+static CURL *easy_get(struct worker *w)
+{
+    if (w->n_easy_pool > 0)
+        return w->easy_pool[--w->n_easy_pool];
+    return curl_easy_init();
+}
+
+/* Gives a finished transfer's handle back (removed from the multi handle). */
+static void easy_put(struct worker *w, CURL *e)
+{
+    if (w->n_easy_pool < EASY_POOL_MAX) {
+        curl_easy_reset(e);
+        w->easy_pool[w->n_easy_pool++] = e;
+    } else {
+        curl_easy_cleanup(e);
+    }
+}
+
 /*
  * libcurl silently resends a request on a fresh connection when a reused
  * one dies before any response byte, POST included. The first send may well
@@ -708,7 +750,7 @@ static int start_upstream(struct request *r)
     memcpy(url + base_len, r->target, r->target_len);
     url[base_len + r->target_len] = '\0';
 
-    e = curl_easy_init();
+    e = easy_get(r->w);
     if (e == NULL)
         goto out;
     curl_easy_setopt(e, CURLOPT_URL, url);
@@ -725,6 +767,8 @@ static int start_upstream(struct request *r)
     curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_upstream_prereq);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, curl_close_cb);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, r->w);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
     if (strcmp(r->method, "GET") == 0 && r->body_len == 0) {
@@ -739,8 +783,11 @@ static int start_upstream(struct request *r)
             curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body_len ? (char *)r->body : "");
         }
     }
-    if (curl_multi_add_handle(r->w->multi, e) != CURLM_OK)
+    if (curl_multi_add_handle(r->w->multi, e) != CURLM_OK) {
+        curl_easy_cleanup(e);
+        e = NULL;
         goto out;
+    }
     r->easy = e;
     e = NULL;
     r->upstream_start_ms = mono_ms();
@@ -749,8 +796,6 @@ static int start_upstream(struct request *r)
         r->next_hb_ms = mono_ms() + r->route->heartbeat_ms;
     rc = 0;
 out:
-    if (e != NULL)
-        curl_easy_cleanup(e);
     free(url);
     idem_headers_clear(&fwd);
     return rc;
@@ -822,7 +867,7 @@ static void upstream_done(struct request *r, CURLcode code)
         }
     }
     curl_multi_remove_handle(r->w->multi, r->easy);
-    curl_easy_cleanup(r->easy);
+    easy_put(r->w, r->easy);
     r->easy = NULL;
     curl_slist_free_all(r->curl_headers);
     r->curl_headers = NULL;
@@ -1375,43 +1420,94 @@ static void mhd_log(void *cls, const char *fm, va_list ap)
 
 /* ---- curl multi glue --------------------------------------------------- */
 
+static struct curl_sock *curl_sock_at(struct worker *w, curl_socket_t s)
+{
+    size_t fd = (size_t)s;
+    if (s < 0)
+        return NULL;
+    if (fd >= w->n_socks) {
+        size_t n = w->n_socks ? w->n_socks : 64;
+        struct curl_sock *ns;
+        while (n <= fd)
+            n *= 2;
+        ns = realloc(w->socks, n * sizeof(*ns));
+        if (ns == NULL)
+            return NULL;
+        memset(ns + w->n_socks, 0, (n - w->n_socks) * sizeof(*ns));
+        w->socks = ns;
+        w->n_socks = n;
+    }
+    return &w->socks[fd];
+}
+
 static int curl_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     struct worker *w = userp;
-    struct ep_tag *tag = socketp;
+    struct curl_sock *cs = curl_sock_at(w, s);
     struct epoll_event ev = {0};
     (void)easy;
+    (void)socketp;
 
+    if (cs == NULL)
+        return -1;
     if (what == CURL_POLL_REMOVE) {
-        if (tag != NULL) {
-            epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
-            free(tag);
-            curl_multi_assign(w->multi, s, NULL);
-        }
+        cs->wanted = false; /* parked: stays registered, see struct curl_sock */
         return 0;
     }
     if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
         ev.events |= EPOLLIN;
     if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
         ev.events |= EPOLLOUT;
-    if (tag == NULL) {
-        tag = malloc(sizeof(*tag));
-        if (tag == NULL)
-            return -1;
-        tag->kind = EP_CURL;
-        tag->fd = s;
-        ev.data.ptr = tag;
-        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) != 0) {
-            free(tag);
-            return -1;
+    ev.data.u64 = ep_data(EP_CURL, s);
+    cs->wanted = true;
+    if (!cs->registered || cs->events != ev.events) {
+        /* The table can only be wrong if a descriptor was closed behind
+         * libcurl's close callback and reused: ADD and MOD then fall back
+         * on each other rather than fail the transfer. */
+        int op = cs->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+        if (epoll_ctl(w->epfd, op, s, &ev) != 0) {
+            op = op == EPOLL_CTL_MOD ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
+            if (epoll_ctl(w->epfd, op, s, &ev) != 0)
+                return -1;
         }
-        curl_multi_assign(w->multi, s, tag);
-    } else {
-        ev.data.ptr = tag;
-        if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) != 0)
-            return -1;
+        cs->registered = true;
+        cs->events = ev.events;
     }
     return 0;
+}
+
+/* libcurl closes one of its sockets: its registration goes with it. */
+static int curl_close_cb(void *clientp, curl_socket_t s)
+{
+    struct worker *w = clientp;
+    if (s >= 0 && (size_t)s < w->n_socks) {
+        w->socks[s].registered = false;
+        w->socks[s].wanted = false;
+    }
+    return close(s);
+}
+
+static void curl_sock_event(struct worker *w, int fd, uint32_t events)
+{
+    struct curl_sock *cs = (size_t)fd < w->n_socks ? &w->socks[fd] : NULL;
+    int mask = 0;
+    int running;
+
+    if (cs != NULL && !cs->wanted) {
+        /* A parked socket has news (the upstream closed it, most likely):
+         * stop watching it; libcurl finds out when it next looks. */
+        if (cs->registered)
+            epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL);
+        cs->registered = false;
+        return;
+    }
+    if (events & EPOLLIN)
+        mask |= CURL_CSELECT_IN;
+    if (events & EPOLLOUT)
+        mask |= CURL_CSELECT_OUT;
+    if (events & (EPOLLERR | EPOLLHUP))
+        mask |= CURL_CSELECT_ERR;
+    curl_multi_socket_action(w->multi, fd, mask, &running);
 }
 
 static int curl_timer_cb(CURLM *multi, long timeout_ms, void *userp)
@@ -1564,22 +1660,14 @@ static void *worker_main(void *arg)
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; i < n; i++) {
-            struct ep_tag *tag = evs[i].data.ptr;
-            if (tag->kind == EP_MHD) {
+            uint64_t d = evs[i].data.u64;
+            enum ep_kind kind = (enum ep_kind)(d & 0xff);
+            if (kind == EP_MHD)
                 run_mhd = true;
-            } else if (tag->kind == EP_INBOX) {
+            else if (kind == EP_INBOX)
                 drain_inbox(w);
-            } else {
-                int mask = 0;
-                int running;
-                if (evs[i].events & EPOLLIN)
-                    mask |= CURL_CSELECT_IN;
-                if (evs[i].events & EPOLLOUT)
-                    mask |= CURL_CSELECT_OUT;
-                if (evs[i].events & (EPOLLERR | EPOLLHUP))
-                    mask |= CURL_CSELECT_ERR;
-                curl_multi_socket_action(w->multi, tag->fd, mask, &running);
-            }
+            else
+                curl_sock_event(w, (int)(d >> 8), evs[i].events);
         }
         now = mono_ms();
         if (w->curl_deadline_ms >= 0 && now >= w->curl_deadline_ms) {
@@ -1718,17 +1806,13 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         snprintf(err, errlen, "libmicrohttpd: no epoll descriptor");
         return -1;
     }
-    w->mhd_tag.kind = EP_MHD;
-    w->mhd_tag.fd = info->epoll_fd;
     ev.events = EPOLLIN;
-    ev.data.ptr = &w->mhd_tag;
+    ev.data.u64 = ep_data(EP_MHD, info->epoll_fd);
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, info->epoll_fd, &ev) != 0) {
         snprintf(err, errlen, "epoll: %s", strerror(errno));
         return -1;
     }
-    w->inbox_tag.kind = EP_INBOX;
-    w->inbox_tag.fd = w->evfd;
-    ev.data.ptr = &w->inbox_tag;
+    ev.data.u64 = ep_data(EP_INBOX, w->evfd);
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) != 0) {
         snprintf(err, errlen, "epoll: %s", strerror(errno));
         return -1;
@@ -1775,8 +1859,11 @@ static void worker_fini(struct worker *w)
         free(w->inbox_keys);
         w->inbox_keys = next;
     }
+    while (w->n_easy_pool > 0)
+        curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi != NULL)
         curl_multi_cleanup(w->multi);
+    free(w->socks);
     if (w->epfd >= 0)
         close(w->epfd);
     if (w->evfd >= 0)
