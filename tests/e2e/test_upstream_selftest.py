@@ -117,6 +117,19 @@ class UpstreamSelfTest(harness.ProxyTestCase):
                 c.read_response()
         self.assertEqual(self.upstream.total(), 4)
 
+    def test_response_framing_faults(self):
+        with Conn(self.upstream.port) as c:
+            c.send(harness.build_request("POST", "/f", [("X-Test-Fault", "two-content-lengths")],
+                                         b"x", host="x"))
+            head = c._until(b"\r\n\r\n").decode("latin-1").lower()
+            self.assertEqual(head.count("content-length:"), 2, head)
+        with Conn(self.upstream.port) as c:
+            c.send(harness.build_request("POST", "/f", [("X-Test-Fault", "bad-chunk-size")],
+                                         b"x", host="x"))
+            self.assertIn("transfer-encoding: chunked", c._until(b"\r\n\r\n").decode().lower())
+            self.assertEqual(c._until(b"\r\n"), b"zz")
+        self.assertEqual(self.upstream.total(), 2)
+
     def test_huge_drip_hop(self):
         r = self.up(headers=[("X-Test-Fault", "huge"), ("X-Test-Size", "100000")])
         self.assertEqual(len(r.body), 100000)

@@ -25,6 +25,8 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 huge             body of X-Test-Size bytes (default 20 MiB)
                 bad-framing      both Transfer-Encoding: chunked and Content-Length
                 bad-status-line  an unparsable status line
+                two-content-lengths  two different Content-Length values
+                bad-chunk-size   chunked, with a chunk size that is not hex
                 hop              hop-by-hop headers in a valid chunked response
                 echo-headers     body: the received request headers, in order,
                                  as a JSON list of [name, value]
@@ -322,6 +324,17 @@ class Upstream:
             writer.write(response_head(status, headers + [
                 ("Transfer-Encoding", "chunked"), ("Content-Length", "5")]))
             writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            await writer.drain()
+            return False
+        if fault == "two-content-lengths":
+            writer.write(response_head(status, headers + [
+                ("Content-Length", str(len(body) + 7)), ("Content-Length", str(len(body)))]))
+            writer.write(body)
+            await writer.drain()
+            return False
+        if fault == "bad-chunk-size":
+            writer.write(response_head(status, headers + [("Transfer-Encoding", "chunked")]))
+            writer.write(b"zz\r\n%s\r\n0\r\n\r\n" % body)
             await writer.drain()
             return False
         if fault == "bad-status-line":
