@@ -19,6 +19,8 @@
  *                      writer committed it (durable before the client hears)
  *   RESPOND            resumed; the handler queues the response
  */
+/* pthread_setname_np is a GNU extension. */
+#define _GNU_SOURCE 1
 #include "server.h"
 
 #include <arpa/inet.h>
@@ -1617,6 +1619,11 @@ static void *worker_main(void *arg)
     struct proxy_server *srv = w->srv;
     struct epoll_event evs[MAX_EVENTS];
     int64_t next_tick = mono_ms() + TICK_MS;
+    char name[16];
+
+    /* Named for top -H, perf and gdb. */
+    snprintf(name, sizeof(name), "idem-worker-%d", w->index);
+    pthread_setname_np(pthread_self(), name);
 
     for (;;) {
         int64_t now = mono_ms();

@@ -1,6 +1,8 @@
 /*
  * writer.c - group commit of store writes on one thread (see writer.h).
  */
+/* pthread_setname_np is a GNU extension. */
+#define _GNU_SOURCE 1
 #include "writer.h"
 
 #include <errno.h>
@@ -103,6 +105,8 @@ static void *writer_main(void *arg)
     int64_t next_purge = mono_ms() + w->opt.purge_interval_ms;
     int64_t next_sync = w->opt.sync_interval_ms > 0 ? mono_ms() + w->opt.sync_interval_ms : 0;
     int64_t next_reader_check = mono_ms() + READER_CHECK_EVERY_MS;
+
+    pthread_setname_np(pthread_self(), "idem-writer");
 
     for (;;) {
         struct writer_job *list = NULL;
