@@ -1207,6 +1207,19 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                         "rejected", 0, true);
         return false;
     }
+    /* Only origin-form targets of visible ASCII (RFC 9112 section 3.2.1)
+     * are forwarded: the target is appended to the upstream URL as sent. */
+    {
+        bool ok = r->target_len > 0 && r->target[0] == '/';
+        for (size_t i = 0; ok && i < r->target_len; i++)
+            ok = (unsigned char)r->target[i] > 0x20 && (unsigned char)r->target[i] < 0x7f;
+        if (!ok) {
+            respond_problem(r, 400, "bad-request", "Bad request",
+                            "the request target must be a path (origin-form) of visible ASCII",
+                            "rejected", 0, true);
+            return false;
+        }
+    }
     r->route = config_match_route(cfg, r->method, r->target, r->path_len);
     if (r->route == NULL)
         return true;
