@@ -148,6 +148,7 @@ struct request {
     bool resp_too_large;
     unsigned sends;      /* times libcurl was about to send this request */
     bool resend_blocked; /* a silent resend was refused */
+    bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     int64_t upstream_start_ms;
     double upstream_ms;
 
@@ -615,6 +616,24 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
             return 0; /* an upstream header flood: abort the transfer */
         if (idem_headers_push(&r->resp_headers, buf, name_len, v, vlen) != 0)
             return 0;
+        /* Ambiguous response framing (RFC 9112 section 6.3): two differing
+         * Content-Lengths, or Content-Length with Transfer-Encoding. libcurl
+         * picks one reading; the outcome is unknown, not a response. */
+        if ((name_len == 14 && strncasecmp(buf, "Content-Length", 14) == 0) ||
+            (name_len == 17 && strncasecmp(buf, "Transfer-Encoding", 17) == 0)) {
+            const struct idem_header *cl = idem_headers_find(&r->resp_headers, "Content-Length");
+            bool te = idem_headers_find(&r->resp_headers, "Transfer-Encoding") != NULL;
+            bool differ = false;
+            for (size_t i = 0; cl != NULL && i < r->resp_headers.n; i++) {
+                const struct idem_header *h = &r->resp_headers.v[i];
+                if (strcasecmp(h->name, "Content-Length") == 0 && strcmp(h->value, cl->value) != 0)
+                    differ = true;
+            }
+            if (differ || (te && cl != NULL)) {
+                r->resp_bad_framing = true;
+                return 0;
+            }
+        }
     }
     return len;
 }
@@ -812,7 +831,7 @@ static enum idem_upstream_result classify(struct request *r, CURLcode code)
         return IDEM_UPSTREAM_RESPONSE;
     if (r->resp_too_large)
         return IDEM_UPSTREAM_TOO_LARGE;
-    if (r->resend_blocked)
+    if (r->resend_blocked || r->resp_bad_framing)
         return IDEM_UPSTREAM_BROKEN;
     curl_easy_getinfo(r->easy, CURLINFO_REQUEST_SIZE, &req_size);
     (void)sent;
