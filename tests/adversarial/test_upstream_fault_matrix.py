@@ -14,6 +14,7 @@ The retry goes through a second proxy on the same store with a healthy
 upstream, so the faults that live in the upstream's address (refused,
 accept-and-hang) are checked the same way as the header-driven ones."""
 
+import collections
 import socket
 import threading
 import time
@@ -121,6 +122,7 @@ class UpstreamFaultMatrix(adv.AdversarialCase):
 
         failures = []
         stale = []  # answered 502 without an execution: a stale pooled connection
+        by_fault = {}
         worst = 0.0
         total = 0
         started = time.monotonic()
@@ -215,16 +217,19 @@ class UpstreamFaultMatrix(adv.AdversarialCase):
                 failures.append("%s: %d retries executed, expected %d" % (
                     name, executed, len(jobs) - stored))
             self.note("%s done, worst latency so far %.2fs", name, worst)
+            by_fault[name] = len(failures) - sum(by_fault.values())
 
         rc, doc, _ = adv.check_store(self.store_path)
         if rc != 0 or doc.get("in_progress"):
             failures.append("store after the matrix: rc %d %r" % (rc, doc))
         self.summary("upstream-fault-matrix",
                      "%d faults x %d requests x 2 on_unknown modes = %d requests, %d failures; "
-                     "slowest answer %.2fs (limit %.1fs); %d answered 502 unexecuted (stale "
-                     "pooled connection); %.1fs",
+                     "slowest answer %.2fs (limit %.1fs); answered 502 unexecuted (stale "
+                     "pooled connection): %s; failing faults %s; %.1fs",
                      len(FAULTS), n, total, len(failures), worst, TIMEOUT_S + SLACK_S,
-                     len(stale), time.monotonic() - started)
+                     dict(collections.Counter(x.split()[0] for x in stale)) if stale else 0,
+                     {k: v for k, v in by_fault.items() if v} or "none",
+                     time.monotonic() - started)
         self.assertEqual(failures, [], "\n".join(failures[:40]))
 
 
