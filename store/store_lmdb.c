@@ -19,6 +19,7 @@
  */
 #include "store.h"
 #include "store_internal.h"
+#include "store_fault.h"
 
 #include <errno.h>
 #include <lmdb.h>
@@ -60,6 +61,29 @@
 #define RECORD_PAGES 1
 /* LMDB's page header, which an overflow value also carries. */
 #define PAGE_HEADER_BYTES 16
+
+/*
+ * The LMDB calls that can fail once the store is open go through these, so
+ * that a fault-injection build (IDEM_FAULT_INJECTION, tests/faults) can fail
+ * the Nth of them: store_fault.h. Otherwise they are the calls themselves.
+ * LMDB_WRITE marks puts and deletes (the calls that meet MDB_MAP_FULL);
+ * LMDB_COMMIT frees the transaction on an injected failure too, as a failing
+ * mdb_txn_commit() does.
+ */
+#ifdef IDEM_FAULT_INJECTION
+#define LMDB_CALL(call)                                                                            \
+    (store_fault_lmdb(__func__, #call, false) ? store_fault_lmdb_err(false) : (call))
+#define LMDB_WRITE(call)                                                                           \
+    (store_fault_lmdb(__func__, #call, true) ? store_fault_lmdb_err(true) : (call))
+#define LMDB_COMMIT(txn)                                                                           \
+    (store_fault_lmdb(__func__, "mdb_txn_commit(" #txn ")", false)                                 \
+         ? (mdb_txn_abort(txn), store_fault_lmdb_err(false))                                       \
+         : mdb_txn_commit(txn))
+#else
+#define LMDB_CALL(call) (call)
+#define LMDB_WRITE(call) (call)
+#define LMDB_COMMIT(txn) mdb_txn_commit(txn)
+#endif
 
 struct lmdb_store {
     MDB_env *env;
@@ -184,7 +208,7 @@ static int index_put(struct lmdb_store *s, MDB_txn *txn, int64_t t,
     MDB_val dv = {0, NULL};
 
     index_key(k, t, key);
-    return map_err(mdb_put(txn, s->expiry, &kv, &dv, 0));
+    return map_err(LMDB_WRITE(mdb_put(txn, s->expiry, &kv, &dv, 0)));
 }
 
 /* Deleting an entry that is not there is fine: the invariant says it is,
@@ -197,7 +221,7 @@ static int index_del(struct lmdb_store *s, MDB_txn *txn, int64_t t,
     int rc;
 
     index_key(k, t, key);
-    rc = mdb_del(txn, s->expiry, &kv, NULL);
+    rc = LMDB_WRITE(mdb_del(txn, s->expiry, &kv, NULL));
     return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
@@ -207,7 +231,7 @@ static int record_load(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STO
 {
     MDB_val kv = {STORE_KEY_BYTES, (void *)key};
     MDB_val dv;
-    int rc = mdb_get(txn, s->records, &kv, &dv);
+    int rc = LMDB_CALL(mdb_get(txn, s->records, &kv, &dv));
 
     *found = false;
     if (rc == MDB_NOTFOUND) {
@@ -233,7 +257,7 @@ static int record_put(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STOR
     int rc = store_record_size(v, &dv.mv_size);
 
     if (rc == STORE_OK) {
-        rc = map_err(mdb_put(txn, s->records, &kv, &dv, MDB_RESERVE));
+        rc = map_err(LMDB_WRITE(mdb_put(txn, s->records, &kv, &dv, MDB_RESERVE)));
     }
     if (rc == STORE_OK) {
         store_record_write(v, dv.mv_data);
@@ -244,7 +268,7 @@ static int record_put(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STOR
 static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES])
 {
     MDB_val kv = {STORE_KEY_BYTES, (void *)key};
-    int rc = mdb_del(txn, s->records, &kv, NULL);
+    int rc = LMDB_WRITE(mdb_del(txn, s->records, &kv, NULL));
     return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
@@ -285,12 +309,12 @@ static int read_begin(struct lmdb_store *s, MDB_txn **out)
         txn = s->pool[--s->pool_len];
     }
     pthread_mutex_unlock(&s->pool_lock);
-    if (txn != NULL && mdb_txn_renew(txn) != 0) {
+    if (txn != NULL && LMDB_CALL(mdb_txn_renew(txn)) != 0) {
         mdb_txn_abort(txn);
         txn = NULL;
     }
     if (txn == NULL) {
-        rc = map_err(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
+        rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn)));
     }
     *out = rc == STORE_OK ? txn : NULL;
     return rc;
@@ -336,11 +360,11 @@ static int freelist_pages(struct lmdb_store *s, uint64_t *out)
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = map_err(mdb_cursor_open(txn, 0, &cur));
+    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, 0, &cur)));
     while (rc == STORE_OK) {
         size_t freed_by = 0;
         size_t count = 0;
-        int got = mdb_cursor_get(cur, &kv, &dv, step);
+        int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, step));
         step = MDB_NEXT;
         if (got == MDB_NOTFOUND) {
             break;
@@ -592,7 +616,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
     MDB_txn *txn = NULL;
     int64_t now;
     struct space sp;
-    int rc = map_err(mdb_txn_begin(s->env, NULL, 0, &txn));
+    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     memset(&sp, 0, sizeof(sp));
     if (rc != STORE_OK) {
@@ -612,7 +636,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = map_err(mdb_txn_commit(txn)); /* frees txn, even when it fails */
+    rc = map_err(LMDB_COMMIT(txn)); /* frees txn, even when it fails */
     txn = NULL;
     if (rc == STORE_OK) {
         atomic_fetch_add(&s->commits, 1);
@@ -645,15 +669,15 @@ static void settle_after_purge(struct lmdb_store *s)
     uint8_t probe = 0;
     MDB_val kv = {sizeof(probe), &probe};
     MDB_val dv = {0, NULL};
-    int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+    int rc = LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn));
 
     if (rc == 0) {
-        rc = mdb_put(txn, s->records, &kv, &dv, 0);
+        rc = LMDB_WRITE(mdb_put(txn, s->records, &kv, &dv, 0));
         if (rc == 0) {
-            rc = mdb_del(txn, s->records, &kv, NULL);
+            rc = LMDB_WRITE(mdb_del(txn, s->records, &kv, NULL));
         }
         if (rc == 0) {
-            rc = mdb_txn_commit(txn);
+            rc = LMDB_COMMIT(txn);
         } else {
             mdb_txn_abort(txn);
         }
@@ -769,7 +793,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     size_t deleted = 0;
     bool changed = false;
     int64_t now;
-    int rc = map_err(mdb_txn_begin(s->env, NULL, 0, &txn));
+    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     *purged = 0;
     *more = false;
@@ -778,7 +802,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
         goto out;
     }
     now = now_ms(s);
-    rc = map_err(mdb_cursor_open(txn, s->expiry, &cur));
+    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->expiry, &cur)));
     while (rc == STORE_OK) {
         MDB_val kv;
         MDB_val dv;
@@ -787,7 +811,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
         struct store_record_view v;
         bool found = false;
         int64_t t;
-        int got = mdb_cursor_get(cur, &kv, &dv, MDB_FIRST);
+        int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_FIRST));
 
         if (got == MDB_NOTFOUND) {
             break;
@@ -799,7 +823,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
         if (kv.mv_size != INDEX_KEY_BYTES) {
             /* Not an entry this code writes; drop it so it cannot block the
              * head of the index. */
-            rc = map_err(mdb_cursor_del(cur, 0));
+            rc = map_err(LMDB_WRITE(mdb_cursor_del(cur, 0)));
             changed = true;
             continue;
         }
@@ -866,7 +890,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     if (rc != STORE_OK || !changed) {
         goto out; /* nothing to commit: abort, no disk write */
     }
-    rc = map_err(mdb_txn_commit(txn));
+    rc = map_err(LMDB_COMMIT(txn));
     txn = NULL;
     if (rc == STORE_OK) {
         atomic_fetch_add(&s->commits, 1);
@@ -901,7 +925,7 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
 static int lmdb_reader_check(void *impl, int *cleared)
 {
     struct lmdb_store *s = impl;
-    return map_err(mdb_reader_check(s->env, cleared));
+    return map_err(LMDB_CALL(mdb_reader_check(s->env, cleared)));
 }
 
 static int lmdb_stats(void *impl, struct store_stats *out)
@@ -949,11 +973,11 @@ static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = map_err(mdb_cursor_open(txn, s->records, &cur));
+    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->records, &cur)));
     while (rc == STORE_OK) {
         struct store_record rec;
         uint8_t key[STORE_KEY_BYTES];
-        int got = mdb_cursor_get(cur, &kv, &dv, step);
+        int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, step));
 
         step = MDB_NEXT;
         if (got == MDB_NOTFOUND) {
@@ -985,7 +1009,7 @@ out:
 static int lmdb_sync(void *impl)
 {
     struct lmdb_store *s = impl;
-    return map_err(mdb_env_sync(s->env, 1));
+    return map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
 }
 
 /* mkdir -p with mode 0700: the store holds stored responses, which are
