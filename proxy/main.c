@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "fault.h"
 #include "server.h"
 #include "store.h"
 
@@ -208,6 +209,7 @@ static int run(const char *config_path, const char *listen, const char *upstream
         rc = 1;
         goto out;
     }
+    idem_fault_arm(); /* tests/faults: count from here, not during startup */
     while (sigwait(&set, &sig) != 0)
         ;
     fprintf(stderr, "idemproxy: %s: draining\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
