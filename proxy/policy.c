@@ -554,6 +554,81 @@ int idem_filter_response_headers(const struct idem_headers *in, const struct con
     return 0;
 }
 
+/* ---- request target ------------------------------------------------------ */
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static bool is_unreserved(int c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+bool idem_target_is_canonical(const char *target, size_t len)
+{
+    size_t path_len = 0;
+    size_t seg_start = 1;
+    size_t seg_dots = 0; /* '.' characters (plain or %2E) in this segment */
+    size_t seg_chars = 0;
+
+    if (len == 0 || target[0] != '/')
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)target[i];
+        if (c <= 0x20 || c >= 0x7f)
+            return false;
+    }
+    while (path_len < len && target[path_len] != '?')
+        path_len++;
+    for (size_t i = 1; i <= path_len; i++) {
+        if (i == path_len || target[i] == '/') {
+            /* End of a segment: empty ("//") or "." / ".." are ambiguous. */
+            if (i < path_len && i == seg_start)
+                return false;
+            if (seg_chars > 0 && seg_chars == seg_dots && seg_dots <= 2)
+                return false;
+            seg_start = i + 1;
+            seg_dots = 0;
+            seg_chars = 0;
+            continue;
+        }
+        if (target[i] == '\\')
+            return false; /* some servers read it as '/' */
+        if (target[i] == '%') {
+            int hi, lo, v;
+            if (i + 2 >= path_len)
+                return false;
+            hi = hex_value(target[i + 1]);
+            lo = hex_value(target[i + 2]);
+            if (hi < 0 || lo < 0)
+                return false;
+            v = hi * 16 + lo;
+            /* An escaped unreserved character, '/' or '\\' reads as another
+             * path once decoded; an escaped '.' is checked as a dot. */
+            if ((is_unreserved(v) && v != '.') || v == '/' || v == '\\')
+                return false;
+            if (v == '.')
+                seg_dots++;
+            seg_chars++;
+            i += 2;
+            continue;
+        }
+        if (target[i] == '.')
+            seg_dots++;
+        seg_chars++;
+    }
+    return true;
+}
+
 /* ---- decisions --------------------------------------------------------- */
 
 enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,

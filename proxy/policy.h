@@ -132,6 +132,19 @@ int idem_filter_request_headers(const struct idem_headers *in,
 int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
                                  struct idem_headers *out);
 
+/* ---- request target ------------------------------------------------------ */
+
+/*
+ * True when target (path and query, as sent) is a path the proxy can route
+ * unambiguously, so that the route it matched is the one the upstream
+ * resolves: origin-form (starts with '/'), visible ASCII only, and a path
+ * with no empty segment ("//"), no dot segment ("/./", "/../", also as
+ * %2E), no percent-encoded unreserved character (RFC 3986 section 6.2.2.2:
+ * "%70ayments" is "payments" to a normaliser) and no broken escape. The
+ * query is not examined beyond visible ASCII. Anything else gets 400.
+ */
+bool idem_target_is_canonical(const char *target, size_t len);
+
 /* ---- decisions --------------------------------------------------------- */
 
 /* What a record found by a read means for a keyed request. */

@@ -792,6 +792,7 @@ static int start_upstream(struct request *r)
     curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, r->w);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
     if (strcmp(r->method, "GET") == 0 && r->body_len == 0) {
         curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
     } else if (strcmp(r->method, "HEAD") == 0) {
@@ -1226,18 +1227,16 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                         "rejected", 0, true);
         return false;
     }
-    /* Only origin-form targets of visible ASCII (RFC 9112 section 3.2.1)
-     * are forwarded: the target is appended to the upstream URL as sent. */
-    {
-        bool ok = r->target_len > 0 && r->target[0] == '/';
-        for (size_t i = 0; ok && i < r->target_len; i++)
-            ok = (unsigned char)r->target[i] > 0x20 && (unsigned char)r->target[i] < 0x7f;
-        if (!ok) {
-            respond_problem(r, 400, "bad-request", "Bad request",
-                            "the request target must be a path (origin-form) of visible ASCII",
-                            "rejected", 0, true);
-            return false;
-        }
+    /* Only targets that route unambiguously are forwarded (RFC 9112 section
+     * 3.2.1, RFC 3986 section 6): the target is appended to the upstream URL
+     * as sent (CURLOPT_PATH_AS_IS), so the upstream resolves the path the
+     * route was matched on, not one a normaliser makes of it. */
+    if (!idem_target_is_canonical(r->target, r->target_len)) {
+        respond_problem(r, 400, "bad-target", "Ambiguous request target",
+                        "the request target must be a path (origin-form) of visible ASCII "
+                        "without empty or dot segments or escaped unreserved characters",
+                        "rejected", 0, true);
+        return false;
     }
     r->route = config_match_route(cfg, r->method, r->target, r->path_len);
     if (r->route == NULL)

@@ -278,6 +278,48 @@ static void test_key_bad_chars_named(void **state)
     CHECK_KEY("\"a\r\nb\"", IDEM_KEY_BAD_CHAR, NULL);
 }
 
+static void check_target(const char *t, bool want)
+{
+    if (idem_target_is_canonical(t, strlen(t)) != want)
+        fail_msg("target %s: expected %s", t, want ? "canonical" : "refused");
+}
+
+/* Targets the proxy can route unambiguously, and the ones a normaliser
+ * between the proxy and the API would read as another path. */
+static void test_target_canonical(void **state)
+{
+    (void)state;
+    check_target("/", true);
+    check_target("/v1/payments", true);
+    check_target("/v1/payments/", true);
+    check_target("/v1/payments?x=1&y=/../a", true);
+    check_target("/v1/pay%20ments", true);
+    check_target("/a...b/c..d/.e", true);
+    check_target("/v1/%E2%82%AC", true);
+    check_target("", false);
+    check_target("*", false);
+    check_target("v1/payments", false);
+    check_target("http://host/v1/payments", false);
+    check_target("@host:80/v1/payments", false);
+    check_target("//host/v1/payments", false);
+    check_target("/v1//payments", false);
+    check_target("/v1/./payments", false);
+    check_target("/x/../v1/payments", false);
+    check_target("/v1/payments/.", false);
+    check_target("/v1/payments/..", false);
+    check_target("/v1/%2e/payments", false);
+    check_target("/v1/%2E%2e/payments", false);
+    check_target("/v1/.%2E/payments", false);
+    check_target("/v1/%70ayments", false);
+    check_target("/v1%2Fpayments", false);
+    check_target("/v1%5Cpayments", false);
+    check_target("/v1\\payments", false);
+    check_target("/v1/pay%2", false);
+    check_target("/v1/pay%zz", false);
+    check_target("/v1/pay ments", false);
+    check_target("/v1/pay\x7fments", false);
+}
+
 static void test_key_bad_quoting(void **state)
 {
     (void)state;
@@ -1239,6 +1281,7 @@ int main(void)
         cmocka_unit_test(test_key_characters),
         cmocka_unit_test(test_key_bad_chars_named),
         cmocka_unit_test(test_key_bad_quoting),
+        cmocka_unit_test(test_target_canonical),
         cmocka_unit_test(test_key_status_text),
         cmocka_unit_test(test_key_loghash),
         cmocka_unit_test(test_fingerprint_json_canonical),
