@@ -459,7 +459,7 @@ static bool has_ctl_break(const char *s, size_t len)
     return false;
 }
 
-static bool is_token(const char *s, size_t len)
+bool idem_is_token(const char *s, size_t len)
 {
     static const char extra[] = "!#$%&'*+-.^_`|~";
     if (len == 0)
@@ -493,7 +493,7 @@ int idem_filter_request_headers(const struct idem_headers *in,
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
         bool drop = strncasecmp(hd->name, "X-Forwarded-", 12) == 0; /* all forgeable */
-        if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
+        if (!idem_is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
             return -1;
         if (strcasecmp(hd->name, "Host") == 0 && host == NULL)
             host = hd;
@@ -536,7 +536,7 @@ int idem_filter_response_headers(const struct idem_headers *in, const struct con
     conn_tokens_parse(in, &ct);
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
-        if (!is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
+        if (!idem_is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
             continue;
         /* MHD frames the body itself (RFC 9112 section 6): the upstream's
          * framing headers describe a different message. */

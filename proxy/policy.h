@@ -98,6 +98,9 @@ int idem_scope_build(const struct config_route *route, const char *header_value,
 
 /* ---- header filters --------------------------------------------------- */
 
+/* True when s is a non-empty RFC 9110 token (field names, methods). */
+bool idem_is_token(const char *s, size_t len);
+
 /* True for the fixed hop-by-hop names (Connection, Keep-Alive, Proxy-*, TE,
  * Trailer, Transfer-Encoding, Upgrade). */
 bool idem_header_is_hop_by_hop(const char *name);

@@ -1202,6 +1202,32 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                         "a request header could not be read", "rejected", 0, true);
         return false;
     }
+    /* Every field name a token and no value holding CR, LF or NUL (RFC 9110
+     * section 5.1, 5.5): "Transfer-Encoding : chunked" must not be half
+     * understood. A name that begins like a framing header but is longer
+     * ("Content-Length105") is how libmicrohttpd 0.9.75 glues an obs-fold
+     * continuation (RFC 9112 section 5.2) onto the line before: refused
+     * too, since the framing the client meant is unknowable. The method must
+     * be a token as well: "{}POST" is what is left of a body the client
+     * framed differently. */
+    {
+        bool bad = !idem_is_token(method, strlen(method));
+        for (size_t i = 0; !bad && i < r->headers.n; i++) {
+            const struct idem_header *h = &r->headers.v[i];
+            bad = !idem_is_token(h->name, h->name_len) ||
+                  memchr(h->value, '\r', h->value_len) != NULL ||
+                  memchr(h->value, '\n', h->value_len) != NULL ||
+                  (h->name_len > 14 && strncasecmp(h->name, "Content-Length", 14) == 0) ||
+                  (h->name_len > 17 && strncasecmp(h->name, "Transfer-Encoding", 17) == 0);
+        }
+        if (bad) {
+            respond_problem(r, 400, "bad-request", "Bad request",
+                            "a request header name or the method is not a token, or a framing "
+                            "header is folded",
+                            "rejected", 0, true);
+            return false;
+        }
+    }
     /* RFC 6585 section 5: the request line plus every field line, as sent. */
     if (strlen(method) + r->target_len + strlen(version) + 4 + r->headers.bytes +
             4 * r->headers.n >
