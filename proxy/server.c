@@ -1151,9 +1151,20 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
     if (idem_headers_push(&r->headers, key, key_size, value ? value : "",
                           value ? value_size : 0) != 0)
         return MHD_NO;
-    /* An embedded NUL hides bytes from C-string consumers: refuse it. */
+    /* An embedded NUL hides bytes from C-string consumers: refuse it.
+     * libmicrohttpd 0.9.75 reports a value cut at its first NUL ("a\0b" is
+     * "a", size 1), so the sizes cannot show it. The value still sits in
+     * the connection's read buffer, terminated where its line ended: a
+     * byte other than a line end or white space right after the cut means
+     * the line went on past a NUL. (A NUL followed only by white space
+     * remains invisible.) */
     if (strlen(key) != key_size || (value != NULL && strlen(value) != value_size))
         r->reject_status = 400;
+    if (value != NULL && value_size > 0) {
+        char next = value[value_size + 1];
+        if (next != '\0' && next != '\n' && next != '\r' && next != ' ' && next != '\t')
+            r->reject_status = 400;
+    }
     return MHD_YES;
 }
 
