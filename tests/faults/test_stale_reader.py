@@ -65,16 +65,16 @@ class StaleReaderCleared(harness.ProxyTestCase):
         kills it with SIGKILL; returns its pid, whose slot is now stale."""
         proc = subprocess.Popen([hold_reader_bin(), self.store_path], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        line = proc.stdout.readline().decode().strip()
-        if line != "ready":
-            proc.kill()
+        try:
+            line = proc.stdout.readline().decode().strip()
+            if line != "ready":
+                self.fail("hold_reader did not start: %r %s" % (line, proc.stderr.read().decode()))
+            self.assertIn(proc.pid, reader_pids(self.store_path), "the reader has no slot")
+        finally:
+            proc.send_signal(signal.SIGKILL)
             proc.wait()
-            self.fail("hold_reader did not start: %r %s" % (line, proc.stderr.read().decode()))
-        self.assertIn(proc.pid, reader_pids(self.store_path), "the reader has no slot")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+            proc.stdout.close()
+            proc.stderr.close()
         self.assertEqual(proc.returncode, -signal.SIGKILL)
         # The proxy keeps the environment open, so nothing resets the table:
         # the slot is stale, not gone.
