@@ -1139,6 +1139,13 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     }
     q = strchr(r->target, '?');
     r->path_len = q ? (size_t)(q - r->target) : r->target_len;
+    /* libmicrohttpd cuts the target at an embedded NUL ("/v1/pay\0ments"
+     * reads "/v1/pay"). Here the request line is still in its read buffer
+     * with only the separating space turned into the terminator, so the
+     * version must follow right after it; anything else means the target
+     * went on past a NUL. */
+    if (strncmp(uri + r->target_len + 1, "HTTP/", 5) != 0)
+        r->reject_status = 400;
     w->n_requests++;
     return r;
 }
@@ -1207,7 +1214,8 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         return false;
     }
     r->http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
-    if (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
+    if (r->reject_status != 0 ||
+        MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
         r->reject_status != 0) {
         respond_problem(r, 400, "bad-request", "Bad request",
                         "a request header could not be read", "rejected", 0, true);
