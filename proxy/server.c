@@ -40,6 +40,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -149,6 +150,7 @@ struct request {
     unsigned sends;      /* times libcurl was about to send this request */
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
+    bool oom;              /* an allocation failed on the way */
     int64_t upstream_start_ms;
     double upstream_ms;
 
@@ -178,8 +180,9 @@ struct worker {
     struct MHD_Daemon *mhd;
     CURLM *multi;
     int64_t curl_deadline_ms; /* monotonic; -1 = none */
-    struct curl_sock *socks; /* indexed by descriptor */
+    struct curl_sock *socks; /* indexed by descriptor, sized at start-up */
     size_t n_socks;
+    struct MHD_Response *oom_response; /* 503 for when nothing can be allocated */
 
     pthread_mutex_t inbox_lock;
     struct writer_job *inbox_jobs;
@@ -856,8 +859,14 @@ static struct MHD_Response *response_from_upstream(struct request *r)
                                            MHD_RESPMEM_MUST_COPY);
     if (resp == NULL)
         return NULL;
-    if (idem_filter_response_headers(&r->resp_headers, NULL, &h) == 0)
-        add_headers(resp, &h);
+    if (idem_filter_response_headers(&r->resp_headers, NULL, &h) != 0) {
+        /* Status and body without their headers would be a wrong answer. */
+        MHD_destroy_response(resp);
+        idem_headers_clear(&h);
+        return make_problem(502, "out-of-memory", "Out of memory",
+                            "the upstream's answer could not be relayed");
+    }
+    add_headers(resp, &h);
     idem_headers_clear(&h);
     return resp;
 }
@@ -1156,8 +1165,12 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
     struct request *r = cls;
     (void)kind;
     if (idem_headers_push(&r->headers, key, key_size, value ? value : "",
-                          value ? value_size : 0) != 0)
+                          value ? value_size : 0) != 0) {
+        /* The walk stops here and returns a count, not an error: flag it,
+         * or the request would go on without its remaining headers. */
+        r->oom = true;
         return MHD_NO;
+    }
     /* An embedded NUL hides bytes from C-string consumers: refuse it.
      * libmicrohttpd 0.9.75 reports a value cut at its first NUL ("a\0b" is
      * "a", size 1), so the sizes cannot show it. The value still sits in
@@ -1214,9 +1227,15 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         return false;
     }
     r->http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
-    if (r->reject_status != 0 ||
-        MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
-        r->reject_status != 0) {
+    if (r->reject_status == 0 &&
+        (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
+         r->oom)) {
+        respond_problem(r, 503, "out-of-memory", "Out of memory",
+                        "the proxy could not hold this request; nothing was forwarded",
+                        "unavailable", 1, true);
+        return false;
+    }
+    if (r->reject_status != 0) {
         respond_problem(r, 400, "bad-request", "Bad request",
                         "a request header could not be read", "rejected", 0, true);
         return false;
@@ -1377,8 +1396,13 @@ static bool append_body(struct request *r, const char *data, size_t len)
         while (ncap < r->body_len + len)
             ncap *= 2;
         nb = realloc(r->body, ncap);
-        if (nb == NULL)
-            return false;
+        if (nb == NULL) {
+            /* Answered at the end of the body, like a body too large. */
+            r->oom = true;
+            r->body_too_large = true;
+            r->body_discarded += len;
+            return true;
+        }
         r->body = nb;
         r->body_cap = ncap;
     }
@@ -1390,6 +1414,12 @@ static bool append_body(struct request *r, const char *data, size_t len)
 /* The whole request is here: answer it or set it going. */
 static void on_complete_request(struct request *r)
 {
+    if (r->oom) {
+        respond_problem(r, 503, "out-of-memory", "Out of memory",
+                        "the proxy could not hold this request; nothing was forwarded",
+                        "unavailable", 1, true);
+        return;
+    }
     if (r->body_too_large) {
         respond_problem(r, 413, "body-too-large", "Request body too large",
                         "the body exceeds this route's max_body", "rejected", 0, true);
@@ -1438,11 +1468,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   void **con_cls)
 {
     struct request *r = *con_cls;
-    (void)cls;
     (void)url;
 
-    if (r == NULL)
-        return MHD_NO; /* the request object could not be allocated */
+    if (r == NULL) {
+        /* The request object could not be allocated: answer from the
+         * response made at start-up, which needs no memory now. */
+        struct worker *w = cls;
+        return w->oom_response != NULL
+                   ? MHD_queue_response(conn, MHD_HTTP_SERVICE_UNAVAILABLE, w->oom_response)
+                   : MHD_NO;
+    }
     r->conn = conn;
     switch (r->state) {
     case RS_HEADERS:
@@ -1907,6 +1942,35 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         snprintf(err, errlen, "libcurl: cannot create a multi handle");
         return -1;
     }
+    {
+        /* The socket table covers every descriptor the process may open, so
+         * libcurl's socket callback never allocates (a failed allocation
+         * there left a transfer hanging). */
+        struct rlimit rl;
+        size_t nfd = 65536;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            nfd = rl.rlim_cur < (1u << 20) ? (size_t)rl.rlim_cur : (1u << 20);
+        w->socks = calloc(nfd, sizeof(*w->socks));
+        if (w->socks == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        w->n_socks = nfd;
+    }
+    {
+        static const char body[] = "{\"type\":\"urn:idemproxy:problem:out-of-memory\","
+                                   "\"title\":\"Out of memory\",\"status\":503,"
+                                   "\"detail\":\"the proxy could not hold this request\"}";
+        w->oom_response = MHD_create_response_from_buffer(sizeof(body) - 1, (void *)body,
+                                                          MHD_RESPMEM_PERSISTENT);
+        if (w->oom_response == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        MHD_add_response_header(w->oom_response, "Content-Type", "application/problem+json");
+        MHD_add_response_header(w->oom_response, "Retry-After", "1");
+        MHD_add_response_header(w->oom_response, "Connection", "close");
+    }
     curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, curl_socket_cb);
     curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, curl_timer_cb);
@@ -1949,6 +2013,8 @@ static void worker_fini(struct worker *w)
     if (w->multi != NULL)
         curl_multi_cleanup(w->multi);
     free(w->socks);
+    if (w->oom_response != NULL)
+        MHD_destroy_response(w->oom_response);
     if (w->epfd >= 0)
         close(w->epfd);
     if (w->evfd >= 0)
