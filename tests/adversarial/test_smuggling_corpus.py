@@ -43,8 +43,7 @@ def chunk(data, size=None):
 
 
 class Case:
-    def __init__(self, name, build, expect, body=None, keys=1, statuses=(400, 431), mhd=False,
-                 forwarded=None):
+    def __init__(self, name, build, expect, body=None, keys=1, statuses=(400, 431), mhd=False):
         self.name = name
         self.build = build        # tag -> (bytes, key) ; key is the legit key
         self.expect = expect      # "reject" | "accept" | "either"
@@ -52,7 +51,6 @@ class Case:
         self.keys = keys          # how many legit requests (pipelining: 2)
         self.statuses = statuses
         self.mhd = mhd            # answered by libmicrohttpd itself (README)
-        self.forwarded = forwarded  # echoed headers -> problem or None, when forwarded
 
 
 def req(key, headers, body=b"", line="POST %s HTTP/1.1" % PATH, eol="\r\n", host=True):
@@ -139,9 +137,9 @@ def corpus():
     add("cl-padded", "either", cl(lambda b: " %d  " % len(b)), body=b"{}" + smuggled("cl-padded"))
     add("cl-body-hides-request", "accept", cl(lambda b: "%d" % len(b)),
         body=b"{}" + smuggled("cl-body-hides-request"))
-    add("cl-space-in-name", "either", lambda k, t: req(k, [
-        "Content Length: 5", "Content-Length: %d" % len(b"{}" + smuggled(t))], b"{}" + smuggled(t)),
-        body=b"{}" + smuggled("cl-space-in-name"))
+    # README: a field name that is not a token is refused.
+    add("cl-space-in-name", "reject", lambda k, t: req(k, [
+        "Content Length: 5", "Content-Length: %d" % len(b"{}" + smuggled(t))], b"{}" + smuggled(t)))
 
     # obs-fold, bare LF, bare CR, NUL.
     # libmicrohttpd 0.9.75 glues an obs-fold continuation onto the header
@@ -161,27 +159,25 @@ def corpus():
     add("obs-fold-first-line", "either", lambda k, t: req(k, [
         " Transfer-Encoding: chunked", "Content-Length: %d" % len(b"0\r\n\r\n" + smuggled(t))],
         b"0\r\n\r\n" + smuggled(t)), body=b"0\r\n\r\n" + smuggled("obs-fold-first-line"))
-    add("bare-lf-everywhere", "either", lambda k, t: req(k, ["Content-Length: 2"], b"{}", eol="\n"),
-        body=b"{}")
-    add("bare-lf-hides-te", "either", lambda k, t: req(k, [
+    # README: bare-LF line ends are refused (RFC 9112 2.2 lets a recipient
+    # choose; the proxy chose to refuse, so that is what is pinned here).
+    add("bare-lf-everywhere", "reject", lambda k, t: req(k, ["Content-Length: 2"], b"{}", eol="\n"))
+    add("bare-lf-hides-te", "reject", lambda k, t: req(k, [
         "X-Lf: a\nTransfer-Encoding: chunked", "Content-Length: %d" % len(
-            b"0\r\n\r\n" + smuggled(t))], b"0\r\n\r\n" + smuggled(t)),
-        body=b"0\r\n\r\n" + smuggled("bare-lf-hides-te"))
+            b"0\r\n\r\n" + smuggled(t))], b"0\r\n\r\n" + smuggled(t)))
     add("bare-cr-hides-te", "either", lambda k, t: req(k, [
         "X-Cr: a\rTransfer-Encoding: chunked", "Content-Length: %d" % len(
             b"0\r\n\r\n" + smuggled(t))], b"0\r\n\r\n" + smuggled(t)),
         body=b"0\r\n\r\n" + smuggled("bare-cr-hides-te"))
-    add("bare-lf-request-line-te", "either", lambda k, t: req(k, [
+    add("bare-lf-request-line-te", "reject", lambda k, t: req(k, [
         "Transfer-Encoding: chunked", "Content-Length: %d" % len(b"0\r\n\r\n" + smuggled(t))],
         b"0\r\n\r\n" + smuggled(t), line="POST %s HTTP/1.1\nX-Lf: 1" % PATH))
     # RFC 9112 section 5.5: a NUL in a field value is rejected or replaced by
-    # SP, never a place to cut the value (a\0b is not a).
-    add("nul-in-value", "either", lambda k, t: req(k, ["X-Nul: a\x00b", "Content-Length: 2"], b"{}"),
-        body=b"{}", forwarded=lambda pairs: None if [v for (n, v) in pairs if n.lower() == "x-nul"]
-        == ["a b"] else "X-Nul: a\\0b forwarded as %r" % [v for (n, v) in pairs
-                                                          if n.lower() == "x-nul"])
-    add("nul-in-name", "either", lambda k, t: req(k, ["X-N\x00ul: a", "Content-Length: 2"], b"{}"),
-        body=b"{}")
+    # SP, never a place to cut the value (a\0b is not a); README: refused.
+    # libmicrohttpd's C strings used to cut the value (and the target) there.
+    add("nul-in-value", "reject", lambda k, t: req(k, ["X-Nul: a\x00b", "Content-Length: 2"], b"{}"))
+    add("nul-in-name", "reject", lambda k, t: req(k, ["X-N\x00ul: a", "Content-Length: 2"], b"{}"),
+        mhd=True)
     add("nul-in-te", "reject", lambda k, t: req(k, [
         "Transfer-Encoding: chunked\x00", "Content-Length: %d" % len(b"0\r\n\r\n" + smuggled(t))],
         b"0\r\n\r\n" + smuggled(t)))
@@ -380,10 +376,6 @@ class SmugglingCorpus(adv.AdversarialCase):
                             hashlib.sha256(case.body).hexdigest():
                         failures.append("forwarded with another body than the client framed (%d "
                                         "bytes): %s" % (executed[0][0]["body_len"], label))
-                    elif case.forwarded is not None:
-                        problem = case.forwarded(first.json())
-                        if problem:
-                            failures.append("%s: %s" % (case.name, problem))
                 elif status is None or not (400 <= status < 500 or status == 505):
                     failures.append("a malformed request answered %s (a client error is 4xx): %s"
                                     % (status, label))
