@@ -528,8 +528,8 @@ static bool in_strip_list(const struct config_route *route, const char *name)
     return false;
 }
 
-int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
-                                 struct idem_headers *out)
+int idem_response_headers_each(const struct idem_headers *in, const struct config_route *strip,
+                               int (*fn)(const struct idem_header *h, void *ctx), void *ctx)
 {
     struct conn_tokens ct;
 
@@ -548,10 +548,21 @@ int idem_filter_response_headers(const struct idem_headers *in, const struct con
             continue;
         if (strip != NULL && in_strip_list(strip, hd->name))
             continue;
-        if (idem_headers_push(out, hd->name, hd->name_len, hd->value, hd->value_len) != 0)
+        if (fn(hd, ctx) != 0)
             return -1;
     }
     return 0;
+}
+
+static int push_header(const struct idem_header *h, void *ctx)
+{
+    return idem_headers_push(ctx, h->name, h->name_len, h->value, h->value_len);
+}
+
+int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
+                                 struct idem_headers *out)
+{
+    return idem_response_headers_each(in, strip, push_header, out);
 }
 
 /* ---- request target ------------------------------------------------------ */

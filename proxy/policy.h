@@ -134,6 +134,10 @@ int idem_filter_request_headers(const struct idem_headers *in,
  */
 int idem_filter_response_headers(const struct idem_headers *in, const struct config_route *strip,
                                  struct idem_headers *out);
+/* The same filter without allocating: calls fn for every header kept, in
+ * order; stops and returns -1 when fn returns non-zero. */
+int idem_response_headers_each(const struct idem_headers *in, const struct config_route *strip,
+                               int (*fn)(const struct idem_header *h, void *ctx), void *ctx);
 
 /* ---- request target ------------------------------------------------------ */
 
