@@ -23,6 +23,15 @@ in which the upstream may have answered A before the SIGSTOP landed (a
 stalled test machine) tests nothing: it runs again with new keys and is
 counted in trials_redone.
 
+Known limitation, counted, not asserted: when the SIGSTOP lands while A's
+store writer is inside an LMDB write transaction, A holds the store's
+single write lock, and no process can write to the store (steal, acquire a
+new key, complete) until A runs again; B's requests then block past their
+3 s wait. Such a trial is detected (after 4 s nothing of B's is written or
+answered), A is resumed, B must then finish at once, and the trial runs
+again; writer_lock_stalls counts them and stalled_writer_syscalls says
+what A's writer thread was doing (75: fdatasync, 18: pwrite64...).
+
 Stale operations accepted, counted (must be 0):
   - a replay (through A and through B) that is not B's charge id, or a key
     executed other than exactly twice (A's and B's);
@@ -39,6 +48,7 @@ Two holder/thief pairs run their trials side by side on the same store.
 CI: 20 trials; long (CHAOS_LONG=1): 100; CHAOS_FENCE_TRIALS overrides.
 """
 
+import os
 import threading
 import time
 import unittest
@@ -82,10 +92,26 @@ class PauseAndFence(harness.ProxyTestCase):
         self.min_lease_left_ms = None
         self.trials_done = 0
         self.trials_redone = 0  # A not frozen in time: the trial ran again
+        self.writer_lock_stalls = []  # A frozen holding the write lock: A's writer's syscall
 
     def accepted(self, fmt, *args):
         with self.lock:
             self.stale_accepted.append(fmt % args)
+
+    @staticmethod
+    def writer_syscall(proxy):
+        """The system call number the store writer thread of a stopped
+        process is in (/proc/PID/task/TID/syscall), e.g. 75 fdatasync."""
+        for tid in os.listdir("/proc/%d/task" % proxy.pid):
+            try:
+                with open("/proc/%d/task/%s/comm" % (proxy.pid, tid)) as f:
+                    if f.read().strip() != "idem-writer":
+                        continue
+                with open("/proc/%d/task/%s/syscall" % (proxy.pid, tid)) as f:
+                    return f.read().split()[0]
+            except OSError:
+                continue
+        return "?"
 
     def timed_post(self, *args, **kw):
         resp = self.post(*args, **kw)
@@ -120,11 +146,31 @@ class PauseAndFence(harness.ProxyTestCase):
             b_futs = {v: in_thread(self.post, b, keys[v], headers=[
                 ("X-Test-Delay-Ms", str(VARIANTS[v][1])), ("X-Test-Holder", "B")], timeout=30)
                 for v in VARIANTS}
-            stolen = harness.wait_for(
-                lambda: all(self.upstream.count(k) == 2 for k in keys.values())
-                and b_futs["complete_after"].done() and b_futs["release_after"].done(), 6)
-            self.assertTrue(stolen, "trial %d: B did not steal every key: %r" % (
-                t, {v: self.upstream.count(k) for (v, k) in keys.items()}))
+
+            def stolen():
+                return (all(self.upstream.count(k) == 2 for k in keys.values())
+                        and b_futs["complete_after"].done() and b_futs["release_after"].done())
+            if not harness.wait_for(stolen, 4):
+                if (not any(f.done() for f in b_futs.values())
+                        and all(self.upstream.count(k) == 1 for k in keys.values())):
+                    # B has not written anything and its requests are past
+                    # their 3 s wait: A was frozen holding the store's write
+                    # lock (inside a write transaction), which blocks every
+                    # process's writes until A runs again.
+                    writer = self.writer_syscall(a)
+                    a.sigcont()
+                    self.assertTrue(harness.wait_for(
+                        lambda: all(f.done() for f in b_futs.values()), 5),
+                        "trial %d: B still blocked after A resumed" % t)
+                    for f in list(a_futs.values()) + list(b_futs.values()):
+                        f.result(30)
+                    with self.lock:
+                        self.writer_lock_stalls.append(writer)
+                    return False
+                # Another pair's frozen holder may hold the lock for a while.
+                self.assertTrue(harness.wait_for(stolen, 8), "trial %d: B did not steal every "
+                                "key: %r" % (t, {v: self.upstream.count(k)
+                                                 for (v, k) in keys.items()}))
         finally:
             a.sigcont()
         t1 = time.monotonic()
@@ -227,6 +273,8 @@ class PauseAndFence(harness.ProxyTestCase):
         stale = self.stale_accepted
         chaoslib.figure(
             TEST, trials=self.trials_done, trials_redone=self.trials_redone, pairs=PAIRS,
+            writer_lock_stalls=len(self.writer_lock_stalls),
+            stalled_writer_syscalls=",".join(self.writer_lock_stalls) or "-",
             stale_completes=2 * self.trials_done, stale_releases=2 * self.trials_done,
             stale_extend_trials=self.trials_done, stale_accepted=len(stale),
             fenced_logged=sum(self.fenced_logged.values()),
