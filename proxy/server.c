@@ -1109,6 +1109,10 @@ static void on_job(struct request *r, struct writer_job *j)
     default: {
         struct MHD_Response *resp = r->response;
         r->response = NULL;
+        /* A refused release: the lease was stolen while the action ran, and
+         * the record is the new owner's. */
+        if (j->error == 0 && j->op.outcome == STORE_FENCED)
+            r->outcome = "fenced";
         respond(r, resp, r->response_status, r->outcome ? r->outcome : "released");
         break;
     }
