@@ -151,6 +151,7 @@ struct request {
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     bool oom;              /* an allocation failed on the way */
+    unsigned full_retries; /* acquires asked again after STORE_FULL */
     int64_t upstream_start_ms;
     double upstream_ms;
 
@@ -1084,6 +1085,14 @@ static void on_job(struct request *r, struct writer_job *j)
             respond_mismatch(r);
             break;
         default:
+            /* Full: the writer purges at once, but LMDB reuses the pages a
+             * purge frees only a transaction or two later, so ask again
+             * (twice) before failing closed. */
+            if (r->full_retries < 2) {
+                r->full_retries++;
+                submit_acquire(r);
+                break;
+            }
             respond_unavailable(r, "the record store is full; nothing was forwarded");
             break;
         }

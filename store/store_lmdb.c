@@ -909,17 +909,42 @@ out:
 /* Deleting copies pages too: in a nearly full map a big batch may not find
  * room for the pages it touches, while a smaller one (within the reserve
  * that completions leave) does. */
+/*
+ * Purges up to max_records in as many transactions as it takes. In a full
+ * map a delete needs pages too (copy-on-write), so a batch that does not fit
+ * is retried smaller, down to one record; each committed batch frees pages
+ * that later ones can use, so the batch grows back. Without this a store
+ * that had filled up kept its expired records while idle: every periodic
+ * purge fell back to a record or two per round.
+ */
 static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
 {
     struct lmdb_store *s = impl;
+    size_t total = 0;
     size_t batch = max_records;
-    int rc = purge_txn(s, batch, purged, more);
+    bool m = true;
+    int rc = STORE_OK;
 
-    while (rc == STORE_EFULL && batch > 1) {
-        batch = batch > 16 ? batch / 16 : 1;
-        rc = purge_txn(s, batch, purged, more);
+    while (total < max_records && m) {
+        size_t want = batch < max_records - total ? batch : max_records - total;
+        size_t got = 0;
+        rc = purge_txn(s, want, &got, &m);
+        if (rc == STORE_EFULL && want > 1) {
+            batch = want > 16 ? want / 16 : 1;
+            m = true;
+            continue;
+        }
+        if (rc != STORE_OK)
+            break;
+        total += got;
+        if (got < want)
+            break; /* nothing more is due */
+        if (batch < max_records)
+            batch = batch * 2 < max_records ? batch * 2 : max_records;
     }
-    return rc;
+    *purged = total;
+    *more = rc == STORE_OK ? m : false;
+    return total > 0 ? STORE_OK : rc;
 }
 
 static int lmdb_reader_check(void *impl, int *cleared)
