@@ -379,33 +379,51 @@ struct conn_tokens {
     bool overflow; /* more tokens than we track */
 };
 
+/* The next comma-separated element of a list value (RFC 9110 section 5.6.1),
+ * trimmed; *p advances past it. Returns false at the end of the value. */
+static bool next_list_token(const char **p, const char **tok, size_t *len)
+{
+    const char *q = *p;
+    for (;;) {
+        const char *start;
+        size_t n;
+        while (*q == ' ' || *q == '\t' || *q == ',')
+            q++;
+        if (*q == '\0') {
+            *p = q;
+            return false;
+        }
+        start = q;
+        while (*q != '\0' && *q != ',')
+            q++;
+        n = (size_t)(q - start);
+        while (n > 0 && (start[n - 1] == ' ' || start[n - 1] == '\t'))
+            n--;
+        if (n > 0) {
+            *p = q;
+            *tok = start;
+            *len = n;
+            return true;
+        }
+    }
+}
+
 static void conn_tokens_parse(const struct idem_headers *h, struct conn_tokens *ct)
 {
     ct->n = 0;
     ct->overflow = false;
     for (size_t i = 0; i < h->n; i++) {
-        const char *p;
+        const char *p = h->v[i].value;
+        const char *tok;
+        size_t len;
         if (strcasecmp(h->v[i].name, "Connection") != 0)
             continue;
-        p = h->v[i].value;
-        while (*p != '\0') {
-            const char *start;
-            size_t len;
-            while (*p == ' ' || *p == '\t' || *p == ',')
-                p++;
-            start = p;
-            while (*p != '\0' && *p != ',')
-                p++;
-            len = (size_t)(p - start);
-            while (len > 0 && (start[len - 1] == ' ' || start[len - 1] == '\t'))
-                len--;
-            if (len == 0)
-                continue;
+        while (next_list_token(&p, &tok, &len)) {
             if (ct->n == MAX_CONNECTION_TOKENS) {
                 ct->overflow = true;
                 return;
             }
-            ct->tok[ct->n] = start;
+            ct->tok[ct->n] = tok;
             ct->len[ct->n] = len;
             ct->n++;
         }
@@ -416,24 +434,14 @@ static void conn_tokens_parse(const struct idem_headers *h, struct conn_tokens *
 static bool connection_names_slow(const struct idem_headers *h, const char *name, size_t nlen)
 {
     for (size_t i = 0; i < h->n; i++) {
-        const char *p;
+        const char *p = h->v[i].value;
+        const char *tok;
+        size_t len;
         if (strcasecmp(h->v[i].name, "Connection") != 0)
             continue;
-        p = h->v[i].value;
-        while (*p != '\0') {
-            const char *start;
-            size_t len;
-            while (*p == ' ' || *p == '\t' || *p == ',')
-                p++;
-            start = p;
-            while (*p != '\0' && *p != ',')
-                p++;
-            len = (size_t)(p - start);
-            while (len > 0 && (start[len - 1] == ' ' || start[len - 1] == '\t'))
-                len--;
-            if (len == nlen && len > 0 && strncasecmp(start, name, len) == 0)
+        while (next_list_token(&p, &tok, &len))
+            if (len == nlen && strncasecmp(tok, name, len) == 0)
                 return true;
-        }
     }
     return false;
 }
