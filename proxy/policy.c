@@ -13,50 +13,78 @@
 
 /* ---- header lists ---------------------------------------------------- */
 
+/* String storage of a header list: blocks of at least HEADER_BLOCK_BYTES,
+ * filled front to back, freed together by idem_headers_clear. */
+#define HEADER_BLOCK_BYTES 1024
+
+struct idem_header_block {
+    struct idem_header_block *next;
+    size_t used;
+    size_t cap;
+    char data[];
+};
+
+static char *header_bytes(struct idem_headers *h, size_t need)
+{
+    struct idem_header_block *b = h->blocks;
+    char *p;
+
+    if (b == NULL || b->cap - b->used < need) {
+        size_t cap = b != NULL ? b->cap * 2 : HEADER_BLOCK_BYTES;
+        if (cap < need)
+            cap = need;
+        b = malloc(sizeof(*b) + cap);
+        if (b == NULL)
+            return NULL;
+        b->used = 0;
+        b->cap = cap;
+        b->next = h->blocks;
+        h->blocks = b;
+    }
+    p = b->data + b->used;
+    b->used += need;
+    return p;
+}
+
 int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
                       const char *value, size_t value_len)
 {
-    int rc = -1;
-    char *n = NULL;
-    char *v = NULL;
+    char *n;
 
+    if (name_len > SIZE_MAX / 2 - 2 || value_len > SIZE_MAX / 2)
+        return -1;
     if (h->n == h->cap) {
         size_t cap = h->cap ? h->cap * 2 : 16;
         struct idem_header *nv = realloc(h->v, cap * sizeof(*nv));
         if (nv == NULL)
-            goto out;
+            return -1;
         h->v = nv;
         h->cap = cap;
     }
-    n = malloc(name_len + 1);
-    v = malloc(value_len + 1);
-    if (n == NULL || v == NULL)
-        goto out;
+    n = header_bytes(h, name_len + value_len + 2);
+    if (n == NULL)
+        return -1;
     memcpy(n, name, name_len);
     n[name_len] = '\0';
     if (value_len > 0)
-        memcpy(v, value, value_len);
-    v[value_len] = '\0';
+        memcpy(n + name_len + 1, value, value_len);
+    n[name_len + 1 + value_len] = '\0';
     h->v[h->n].name = n;
     h->v[h->n].name_len = name_len;
-    h->v[h->n].value = v;
+    h->v[h->n].value = n + name_len + 1;
     h->v[h->n].value_len = value_len;
     h->n++;
     h->bytes += name_len + value_len;
-    n = NULL;
-    v = NULL;
-    rc = 0;
-out:
-    free(n);
-    free(v);
-    return rc;
+    return 0;
 }
 
 void idem_headers_clear(struct idem_headers *h)
 {
-    for (size_t i = 0; i < h->n; i++) {
-        free(h->v[i].name);
-        free(h->v[i].value);
+    struct idem_header_block *b = h->blocks;
+    while (b != NULL) {
+        struct idem_header_block *next = b->next;
+        free(b);
+        b = next;
     }
     free(h->v);
     memset(h, 0, sizeof(*h));

@@ -27,18 +27,24 @@
 /* ---- header lists ---------------------------------------------------- */
 
 struct idem_header {
-    char *name; /* owned, NUL-terminated, may not contain NUL */
+    char *name; /* owned by the list, NUL-terminated, may not contain NUL */
     size_t name_len;
-    char *value; /* owned, NUL-terminated */
+    char *value; /* owned by the list, NUL-terminated */
     size_t value_len;
 };
 
-/* A growable list that owns its strings. Zero-initialise, then push. */
+struct idem_header_block; /* string storage, see policy.c */
+
+/* A growable list that owns its strings. Zero-initialise, then push. The
+ * strings live in a few blocks owned by the list (not one allocation per
+ * string): a request's headers cost two or three allocations, not two per
+ * header. */
 struct idem_headers {
     struct idem_header *v;
     size_t n;
     size_t cap;
     size_t bytes; /* sum of name and value lengths, for caps */
+    struct idem_header_block *blocks; /* newest first */
 };
 
 int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
