@@ -1039,7 +1039,7 @@ static int config_alloc(struct config **out, struct errbuf *e)
     cfg->server.max_connections = 4096;
     cfg->server.per_ip_connections = 256;
     cfg->server.client_timeout_ms = 30 * 1000;
-    cfg->server.header_memory_bytes = 32 * CONFIG_KIB;
+    cfg->server.header_memory_bytes = 16 * CONFIG_KIB;
     cfg->server.drain_timeout_ms = 30 * 1000;
     cfg->access_log = true;
 out:

@@ -147,6 +147,7 @@ struct request {
     uint8_t *resp_body;
     size_t resp_len, resp_cap;
     bool resp_too_large;
+    bool resp_headers_too_large; /* the header block, not the body */
     unsigned sends;      /* times libcurl was about to send this request */
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
@@ -616,8 +617,17 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
         }
         while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
             vlen--;
-        if (r->resp_headers.bytes + n > 256 * 1024)
-            return 0; /* an upstream header flood: abort the transfer */
+        /* The client's answer must fit libmicrohttpd's per-connection pool
+         * (header_memory + 8 KiB), or the connection would be dropped
+         * unanswered, and a stored record would replay as a drop too. A
+         * larger header block is refused like an oversized body (nginx
+         * answers 502 "upstream sent too big header" past 4-8 KiB). */
+        if (r->resp_headers.bytes + 4 * (r->resp_headers.n + 1) + n >
+            r->w->srv->cfg->server.header_memory_bytes) {
+            r->resp_too_large = true;
+            r->resp_headers_too_large = true;
+            return 0;
+        }
         if (idem_headers_push(&r->resp_headers, buf, name_len, v, vlen) != 0)
             return 0;
         /* Ambiguous response framing (RFC 9112 section 6.3): two differing
@@ -738,18 +748,25 @@ static int start_upstream(struct request *r)
     if (idem_filter_request_headers(&r->headers, &info, &fwd) != 0)
         goto out;
     for (size_t i = 0; i < fwd.n; i++) {
-        size_t l = fwd.v[i].name_len + fwd.v[i].value_len + 3;
-        char *line = malloc(l);
+        const struct idem_header *h = &fwd.v[i];
+        size_t l = h->name_len + h->value_len + 3;
+        char small[512];
+        char *line = l <= sizeof(small) ? small : malloc(l);
         struct curl_slist *nl;
         if (line == NULL)
             goto out;
-        /* "Name;" is curl's spelling of a header with an empty value. */
-        if (fwd.v[i].value_len == 0)
-            snprintf(line, l, "%s;", fwd.v[i].name);
-        else
-            snprintf(line, l, "%s: %s", fwd.v[i].name, fwd.v[i].value);
+        /* "Name;" is curl's spelling of a header with an empty value;
+         * curl_slist_append copies the line. */
+        memcpy(line, h->name, h->name_len);
+        if (h->value_len == 0) {
+            memcpy(line + h->name_len, ";", 2);
+        } else {
+            memcpy(line + h->name_len, ": ", 2);
+            memcpy(line + h->name_len + 2, h->value, h->value_len + 1);
+        }
         nl = curl_slist_append(r->curl_headers, line);
-        free(line);
+        if (line != small)
+            free(line);
         if (nl == NULL)
             goto out;
         r->curl_headers = nl;
@@ -928,7 +945,9 @@ static void upstream_done(struct request *r, CURLcode code)
         } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
             slug = "upstream-response-too-large";
             title = "Upstream response too large";
-            detail = "the upstream response exceeds upstream.max_response";
+            detail = r->resp_headers_too_large
+                         ? "the upstream response header block exceeds server.header_memory"
+                         : "the upstream response exceeds upstream.max_response";
         }
         body = idem_problem_json(st, slug, title, detail, &len);
         free(r->resp_body);

@@ -5,7 +5,7 @@ Malformed keys (empty, blank, 256 bytes, 64 KiB, CR, LF, NUL, DEL and other
 controls, tab, space, non-ASCII, two Idempotency-Key headers, bad quoting...)
 are answered 400 (problem+json, invalid-key) with no upstream call and no
 store write (`idemproxy check-store` record count and map use unchanged). A
-64 KiB key is larger than server.header_memory (32 KiB): 431 is the
+64 KiB key is larger than server.header_memory (16 KiB): 431 is the
 documented answer there; a raw CR or LF breaks the header line itself and
 may be refused by libmicrohttpd (400) before the proxy sees a key.
 

@@ -72,9 +72,9 @@ class ProblemJson(harness.ProxyTestCase):
                                   b"0\r\n\r\n"), (400,)),
             ("400 two Content-Length", raw(base + ["Content-Length: 1", "Content-Length: 2"], b"xx"),
              (400,)),
-            # Over header_memory (32 KiB) but within libmicrohttpd's pool
-            # (40 KiB): the proxy's own 431.
-            ("431 header block", raw(base + ["X-Big-%d: %s" % (i, "b" * 1000) for i in range(35)]
+            # Over header_memory (16 KiB) but within libmicrohttpd's pool
+            # (24 KiB): the proxy's own 431.
+            ("431 header block", raw(base + ["X-Big-%d: %s" % (i, "b" * 1000) for i in range(20)]
                                      + ["Content-Length: 0"]), (431,)),
         ]
         for name, data, statuses in cases:

@@ -85,6 +85,28 @@ class UpstreamTimeoutAndLostConnection(harness.ProxyTestCase):
         self.assertFalse(retry.replayed, retry)
         self.assertEqual(self.upstream.count("too-big"), 2)
 
+    def test_response_header_block_over_header_memory_is_502_and_released(self):
+        # The answer must fit the client connection's memory (header_memory
+        # 16 KiB by default): a larger upstream header block used to drop the
+        # client's connection unanswered and store a record that replayed as
+        # a drop too.
+        proxy = self.start_proxy()
+        ok = self.post(proxy, "hdr-12k", headers=[("X-Test-Fault", "big-headers"),
+                                                  ("X-Test-Size", str(12 * 1024))])
+        self.assertEqual(ok.status, 201, ok)
+        self.assertTrue((ok.header("X-Big-11") or "").startswith("b"), ok)
+        again = self.post(proxy, "hdr-12k")
+        self.assertReplayOf(again, ok)
+        self.assertEqual(again.header("X-Big-11"), ok.header("X-Big-11"))
+        r = self.post(proxy, "hdr-40k", headers=[("X-Test-Fault", "big-headers"),
+                                                 ("X-Test-Size", str(40 * 1024))])
+        self.assertProblem(r, 502)
+        self.assertIn("header_memory", r.json()["detail"])
+        retry = self.post(proxy, "hdr-40k")
+        self.assertEqual(retry.status, 201, retry)
+        self.assertFalse(retry.replayed, retry)
+        self.assertEqual(self.upstream.count("hdr-40k"), 2)
+
     def test_on_unknown_complete_does_not_store_upstream_5xx(self):
         # A 5xx the upstream answered is a known outcome: release_on applies.
         proxy = self.proxy(on_unknown="complete")

@@ -333,7 +333,7 @@ static void test_new_default(void **state)
     assert_int_equal(cfg->server.max_connections, 4096);
     assert_int_equal(cfg->server.per_ip_connections, 256);
     assert_int_equal(cfg->server.client_timeout_ms, 30000);
-    assert_int_equal(cfg->server.header_memory_bytes, 32 << 10);
+    assert_int_equal(cfg->server.header_memory_bytes, 16 << 10);
     assert_int_equal(cfg->server.drain_timeout_ms, 30000);
     assert_true(cfg->access_log);
     assert_int_equal(cfg->n_routes, 1);

@@ -23,6 +23,8 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 close-mid-body   Content-Length 100, send 10 bytes, close
                 drip             send the response 1 byte per X-Test-Drip-Ms (1000)
                 huge             body of X-Test-Size bytes (default 20 MiB)
+                big-headers      X-Test-Size bytes (default 64 KiB) of extra
+                                 response headers, 1 KiB each
                 bad-framing      both Transfer-Encoding: chunked and Content-Length
                 bad-status-line  an unparsable status line
                 two-content-lengths  two different Content-Length values
@@ -362,6 +364,10 @@ class Upstream:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             return False
+        if fault == "big-headers":
+            size = int(req.header("x-test-size") or 64 * 1024)
+            for i in range(max(1, size // 1024)):
+                headers.append(("X-Big-%d" % i, "b" * (1024 - len("X-Big-%d: \r\n" % i))))
         if fault == "huge":
             size = int(req.header("x-test-size") or HUGE_DEFAULT_BYTES)
             headers[1] = ("Content-Type", "application/octet-stream")
