@@ -698,13 +698,26 @@ static void easy_put(struct worker *w, CURL *e)
     }
 }
 
+/* RFC 9110 section 9.2.2: a retry of these cannot change the outcome. */
+static bool method_is_idempotent(const char *m)
+{
+    static const char *const idem[] = {"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"};
+    for (size_t i = 0; i < sizeof(idem) / sizeof(idem[0]); i++)
+        if (strcmp(m, idem[i]) == 0)
+            return true;
+    return false;
+}
+
 /*
  * libcurl silently resends a request on a fresh connection when a reused
  * one dies before any response byte, POST included. The first send may well
- * have run the action, so a keyed request must never be sent twice: the
- * second call of this hook for one transfer aborts it, and the exchange
- * counts as an unknown outcome (upstream-broken, on_unknown decides).
- * Unkeyed requests keep libcurl's behaviour, as any proxy would.
+ * have run the action, so a keyed request, and any request whose method is
+ * not idempotent (an unkeyed POST on a pass-through route), must never be
+ * sent twice: the second call of this hook for one transfer aborts it, and
+ * the exchange counts as an unknown outcome (upstream-broken, 502; for a
+ * keyed request on_unknown decides). nginx does the same by default
+ * (proxy_next_upstream leaves non-idempotent requests alone). Idempotent
+ * unkeyed requests keep libcurl's resend.
  */
 static int on_upstream_prereq(void *clientp, char *conn_primary_ip, char *conn_local_ip,
                               int conn_primary_port, int conn_local_port)
@@ -715,7 +728,7 @@ static int on_upstream_prereq(void *clientp, char *conn_primary_ip, char *conn_l
     (void)conn_primary_port;
     (void)conn_local_port;
     r->sends++;
-    if (r->keyed && r->sends > 1) {
+    if (r->sends > 1 && (r->keyed || !method_is_idempotent(r->method))) {
         r->resend_blocked = true;
         return CURL_PREREQFUNC_ABORT;
     }
