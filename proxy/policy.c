@@ -2,10 +2,9 @@
  * policy.c - pure decisions and encodings of the proxy (see policy.h).
  */
 #include "policy.h"
+#include "store_sha256.h"
 
 #include <jansson.h>
-#include <openssl/evp.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,43 +286,33 @@ static char *canonical_json(const void *body, size_t len, size_t *out_len)
     return s;
 }
 
+/* SHA-256 over method, target and body bytes. NUL separators: a method or
+ * target never holds NUL, so the fields cannot run into each other. */
+static int hash_request(const char *method, const char *target, size_t target_len, const void *body,
+                        size_t body_len, uint8_t out[STORE_FINGERPRINT_BYTES])
+{
+    static const uint8_t sep = 0;
+    const struct store_span parts[] = {
+        {method, strlen(method)}, {&sep, 1}, {target, target_len}, {&sep, 1}, {body, body_len},
+    };
+    return store_sha256(parts, sizeof(parts) / sizeof(parts[0]), out) == STORE_OK ? 0 : -1;
+}
+
 int idem_fingerprint(const char *method, const char *target, size_t target_len,
                      const char *content_type, const void *body, size_t body_len,
                      enum config_fingerprint mode, uint8_t out[STORE_FINGERPRINT_BYTES])
 {
-    int rc = -1;
-    EVP_MD_CTX *ctx = NULL;
+    int rc;
     char *canon = NULL;
     size_t canon_len = 0;
-    unsigned int dlen = 0;
-    const uint8_t sep = 0;
 
     if (mode == CONFIG_FINGERPRINT_AUTO && body_len > 0 && idem_is_json_media_type(content_type))
         canon = canonical_json(body, body_len, &canon_len);
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL)
-        goto out;
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
-        goto out;
-    /* NUL separators: a method or target never holds NUL, so the fields
-     * cannot run into each other. */
-    if (EVP_DigestUpdate(ctx, method, strlen(method)) != 1 ||
-        EVP_DigestUpdate(ctx, &sep, 1) != 1 || EVP_DigestUpdate(ctx, target, target_len) != 1 ||
-        EVP_DigestUpdate(ctx, &sep, 1) != 1)
-        goto out;
-    if (canon != NULL) {
-        if (EVP_DigestUpdate(ctx, canon, canon_len) != 1)
-            goto out;
-    } else if (body_len > 0) {
-        if (EVP_DigestUpdate(ctx, body, body_len) != 1)
-            goto out;
-    }
-    if (EVP_DigestFinal_ex(ctx, out, &dlen) != 1 || dlen != STORE_FINGERPRINT_BYTES)
-        goto out;
-    rc = 0;
-out:
+    if (canon != NULL)
+        rc = hash_request(method, target, target_len, canon, canon_len, out);
+    else
+        rc = hash_request(method, target, target_len, body, body_len, out);
     free(canon);
-    EVP_MD_CTX_free(ctx);
     return rc;
 }
 
@@ -335,16 +324,20 @@ int idem_scope_build(const struct config_route *route, const char *header_value,
     char *buf;
 
     if (route->scope_header != NULL)
-        len += 1 + 2 * SHA256_DIGEST_LENGTH;
+        len += 1 + 2 * STORE_SHA256_BYTES;
     buf = malloc(len + 1);
     if (buf == NULL)
         return -1;
     memcpy(buf, route->scope, slen);
     if (route->scope_header != NULL) {
-        uint8_t digest[SHA256_DIGEST_LENGTH];
-        SHA256((const unsigned char *)header_value, header_len, digest);
+        uint8_t digest[STORE_SHA256_BYTES];
+        const struct store_span part = {header_value, header_len};
+        if (store_sha256(&part, 1, digest) != STORE_OK) {
+            free(buf);
+            return -1;
+        }
         buf[slen] = '\0';
-        hex_encode(digest, SHA256_DIGEST_LENGTH, buf + slen + 1);
+        hex_encode(digest, STORE_SHA256_BYTES, buf + slen + 1);
     }
     buf[len] = '\0';
     *out = buf;
