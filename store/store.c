@@ -278,6 +278,8 @@ int store_acquire(struct store *st, const uint8_t key[STORE_KEY_BYTES],
     out->kind = STORE_OP_ACQUIRE;
     memcpy(out->key, key, STORE_KEY_BYTES);
     memcpy(out->fingerprint, fingerprint, STORE_FINGERPRINT_BYTES);
+    out->has_raw_fingerprint = true;
+    memcpy(out->raw_fingerprint, fingerprint, STORE_FINGERPRINT_BYTES);
     out->lease_ms = lease_ms;
     out->ttl_ms = ttl_ms;
     out->want_replay = true;

@@ -473,6 +473,18 @@ static void result_clear(struct op_result *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* The fingerprint rule of store.h (struct store_op): raw fingerprints
+ * first, where both sides have one, then the canonical ones. The proxy's
+ * read-side lookup applies the same rule (idem_decide_lookup). */
+static bool same_request(const struct store_record_view *cur, const struct store_op *op)
+{
+    if (cur->has_raw_fingerprint && op->has_raw_fingerprint &&
+        memcmp(cur->raw_fingerprint, op->raw_fingerprint, STORE_FINGERPRINT_BYTES) == 0) {
+        return true;
+    }
+    return memcmp(cur->fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+}
+
 static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
                       const struct store_op *op, struct op_result *res)
 {
@@ -485,7 +497,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     if (rc != STORE_OK) {
         goto out;
     }
-    same_fp = found && memcmp(cur.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+    same_fp = found && same_request(&cur, op);
     if (found && cur.state == STORE_STATE_COMPLETE && cur.expires_ms > now) {
         res->outcome = same_fp ? STORE_REPLAY : STORE_MISMATCH;
         if (same_fp && op->want_replay) {
@@ -521,6 +533,10 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     next.lease_expires_ms = add_ms(now, op->lease_ms);
     next.expires_ms = add_ms(now, op->ttl_ms);
     memcpy(next.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES);
+    next.has_raw_fingerprint = op->has_raw_fingerprint;
+    if (op->has_raw_fingerprint) {
+        memcpy(next.raw_fingerprint, op->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    }
     rc = record_put(s, txn, op->key, &next);
     if (rc == STORE_OK) {
         rc = index_put(s, txn, next.expires_ms, op->key);
@@ -563,6 +579,8 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     next.lease_expires_ms = cur.lease_expires_ms;
     next.expires_ms = cur.expires_ms;
     memcpy(next.fingerprint, cur.fingerprint, STORE_FINGERPRINT_BYTES);
+    next.has_raw_fingerprint = cur.has_raw_fingerprint;
+    memcpy(next.raw_fingerprint, cur.raw_fingerprint, STORE_FINGERPRINT_BYTES);
 
     switch (op->kind) {
     case STORE_OP_COMPLETE:
@@ -875,6 +893,8 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             next.lease_expires_ms = v.lease_expires_ms;
             next.expires_ms = v.lease_expires_ms;
             memcpy(next.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
+            next.has_raw_fingerprint = v.has_raw_fingerprint;
+            memcpy(next.raw_fingerprint, v.raw_fingerprint, STORE_FINGERPRINT_BYTES);
             rc = index_del(s, txn, t, key);
             if (rc == STORE_OK) {
                 rc = record_put(s, txn, key, &next);
