@@ -61,6 +61,9 @@
 #define RECORD_PAGES 1
 /* LMDB's page header, which an overflow value also carries. */
 #define PAGE_HEADER_BYTES 16
+/* Lease ids come from a buffer of kernel randomness this large: one
+ * getrandom() per 256 acquires instead of one each. */
+#define LEASE_RANDOM_BYTES 4096
 
 /*
  * The LMDB calls that can fail once the store is open go through these, so
@@ -99,6 +102,14 @@ struct lmdb_store {
     pthread_mutex_t pool_lock;
     MDB_txn *pool[LMDB_READ_POOL]; /* reset read transactions */
     size_t pool_len;
+
+    /* Random bytes for lease ids (new_lease_id). Only touched inside a
+     * write transaction, and LMDB admits one at a time per environment,
+     * across threads too, so LMDB's writer lock is what guards them. The
+     * last lease_random_left bytes are unused; every byte is handed out
+     * once (a handle is not used across fork(), store.h). */
+    uint8_t lease_random[LEASE_RANDOM_BYTES];
+    size_t lease_random_left;
 
     /* The environment's identity, for the same-process guard below. */
     dev_t dev;
@@ -272,14 +283,13 @@ static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STOR
     return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
-/* A lease id is a capability: whoever knows it may complete the record, so
- * it comes from the kernel's CSPRNG. */
-static int new_lease_id(uint8_t out[STORE_LEASE_ID_BYTES])
+/* Fills buf from the kernel's CSPRNG. */
+static int fill_random(uint8_t *buf, size_t len)
 {
     int rc = STORE_OK;
     size_t got = 0;
-    while (got < STORE_LEASE_ID_BYTES) {
-        ssize_t n = getrandom(out + got, STORE_LEASE_ID_BYTES - got, 0);
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
         if (n < 0 && errno != EINTR) {
             rc = STORE_EIO;
             break;
@@ -288,6 +298,31 @@ static int new_lease_id(uint8_t out[STORE_LEASE_ID_BYTES])
             got += (size_t)n;
         }
     }
+    return rc;
+}
+
+/* A lease id is a capability: whoever knows it may complete the record, so
+ * it comes from the kernel's CSPRNG, read LEASE_RANDOM_BYTES at a time.
+ * Called inside a write transaction only (see struct lmdb_store). */
+static int new_lease_id(struct lmdb_store *s, uint8_t out[STORE_LEASE_ID_BYTES])
+{
+    int rc = STORE_OK;
+    uint8_t *p;
+
+    if (s->lease_random_left < STORE_LEASE_ID_BYTES) {
+        s->lease_random_left = 0; /* a failed refill leaves nothing usable */
+        rc = fill_random(s->lease_random, sizeof(s->lease_random));
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        s->lease_random_left = sizeof(s->lease_random);
+    }
+    p = s->lease_random + sizeof(s->lease_random) - s->lease_random_left;
+    memcpy(out, p, STORE_LEASE_ID_BYTES);
+    /* Handed out: the handle keeps no copy of a live capability. */
+    OPENSSL_cleanse(p, STORE_LEASE_ID_BYTES);
+    s->lease_random_left -= STORE_LEASE_ID_BYTES;
+out:
     return rc;
 }
 
@@ -526,7 +561,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     }
     memset(&next, 0, sizeof(next));
     next.state = STORE_STATE_IN_PROGRESS;
-    rc = new_lease_id(next.lease_id);
+    rc = new_lease_id(s, next.lease_id);
     if (rc != STORE_OK) {
         goto out;
     }
@@ -1268,6 +1303,7 @@ static void lmdb_close(void *impl)
             open_envs_remove(s);
         }
         pthread_mutex_destroy(&s->pool_lock);
+        OPENSSL_cleanse(s->lease_random, sizeof(s->lease_random));
         free(s);
     }
 }

@@ -1098,6 +1098,44 @@ static void prep(struct store_op *op, enum store_op_kind kind, const char *name,
     op->status = 200;
 }
 
+static int cmp_lease(const void *a, const void *b)
+{
+    return memcmp(a, b, STORE_LEASE_ID_BYTES);
+}
+
+/* Lease ids come from a buffer of random bytes refilled 4 KiB (256 ids) at
+ * a time: across several refills, in batches and one by one, every id is
+ * new, and none is all zeros (an unfilled buffer). */
+#define LEASE_KEYS 1000
+
+static void test_lease_ids_unique_across_refills(void **state)
+{
+    struct fixture *f = *state;
+    static uint8_t ids[LEASE_KEYS][STORE_LEASE_ID_BYTES];
+    static const uint8_t zero[STORE_LEASE_ID_BYTES];
+    struct store_op ops[100];
+    int n = 0;
+
+    while (n < LEASE_KEYS) {
+        size_t batch = n < LEASE_KEYS / 2 ? 1 : 100;
+        for (size_t i = 0; i < batch; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "lease-%d", n + (int)i);
+            prep(&ops[i], STORE_OP_ACQUIRE, name, 'a');
+        }
+        assert_int_equal(store_apply(f->st, ops, batch), 0);
+        for (size_t i = 0; i < batch; i++) {
+            assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+            assert_memory_not_equal(ops[i].lease_id, zero, STORE_LEASE_ID_BYTES);
+            memcpy(ids[n++], ops[i].lease_id, STORE_LEASE_ID_BYTES);
+        }
+    }
+    qsort(ids, LEASE_KEYS, STORE_LEASE_ID_BYTES, cmp_lease);
+    for (int i = 1; i < LEASE_KEYS; i++) {
+        assert_memory_not_equal(ids[i - 1], ids[i], STORE_LEASE_ID_BYTES);
+    }
+}
+
 static void test_group_apply_one_txn_in_order(void **state)
 {
     enum { N = 50 };
@@ -2032,6 +2070,7 @@ int main(void)
         STORE_TEST(test_purge_in_bounded_batches),
         STORE_TEST(test_concurrent_acquire_one_winner),
         STORE_TEST(test_acquire_raw_then_canonical),
+        STORE_TEST(test_lease_ids_unique_across_refills),
         STORE_TEST(test_v1_record_in_store),
         STORE_TEST(test_same_key_two_scopes_two_records),
         STORE_TEST(test_group_apply_one_txn_in_order),
