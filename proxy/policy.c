@@ -2,10 +2,9 @@
  * policy.c - pure decisions and encodings of the proxy (see policy.h).
  */
 #include "policy.h"
+#include "store_sha256.h"
 
 #include <jansson.h>
-#include <openssl/evp.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,43 +314,77 @@ static char *canonical_json(const void *body, size_t len, size_t *out_len)
     return s;
 }
 
+/* SHA-256 over method, target and body bytes. NUL separators: a method or
+ * target never holds NUL, so the fields cannot run into each other. */
+static int hash_request(const char *method, const char *target, size_t target_len, const void *body,
+                        size_t body_len, uint8_t out[STORE_FINGERPRINT_BYTES])
+{
+    static const uint8_t sep = 0;
+    const struct store_span parts[] = {
+        {method, strlen(method)}, {&sep, 1}, {target, target_len}, {&sep, 1}, {body, body_len},
+    };
+    return store_sha256(parts, sizeof(parts) / sizeof(parts[0]), out) == STORE_OK ? 0 : -1;
+}
+
+/* True when the canonical fingerprint may differ from the raw one. */
+static bool canonicalises(const char *content_type, size_t body_len, enum config_fingerprint mode)
+{
+    return mode == CONFIG_FINGERPRINT_AUTO && body_len > 0 && idem_is_json_media_type(content_type);
+}
+
+int idem_fingerprints_init(struct idem_fingerprints *fp, const char *method, const char *target,
+                           size_t target_len, const char *content_type, const void *body,
+                           size_t body_len, enum config_fingerprint mode)
+{
+    int rc;
+
+    memset(fp, 0, sizeof(*fp));
+    fp->method = method;
+    fp->target = target;
+    fp->target_len = target_len;
+    fp->body = body;
+    fp->body_len = body_len;
+    rc = hash_request(method, target, target_len, body, body_len, fp->raw);
+    if (rc == 0 && !canonicalises(content_type, body_len, mode)) {
+        memcpy(fp->canonical, fp->raw, STORE_FINGERPRINT_BYTES);
+        fp->canonical_ready = true;
+    }
+    return rc;
+}
+
+int idem_fingerprints_canonical(struct idem_fingerprints *fp)
+{
+    int rc = 0;
+    char *canon = NULL;
+    size_t canon_len = 0;
+
+    if (fp->canonical_ready)
+        goto out;
+    /* Only a JSON body under AUTO gets here (idem_fingerprints_init). One
+     * that does not parse is hashed as sent, so canonical equals raw. */
+    canon = canonical_json(fp->body, fp->body_len, &canon_len);
+    if (canon != NULL)
+        rc = hash_request(fp->method, fp->target, fp->target_len, canon, canon_len, fp->canonical);
+    else
+        memcpy(fp->canonical, fp->raw, STORE_FINGERPRINT_BYTES);
+    fp->canonical_ready = rc == 0;
+out:
+    free(canon);
+    return rc;
+}
+
 int idem_fingerprint(const char *method, const char *target, size_t target_len,
                      const char *content_type, const void *body, size_t body_len,
                      enum config_fingerprint mode, uint8_t out[STORE_FINGERPRINT_BYTES])
 {
-    int rc = -1;
-    EVP_MD_CTX *ctx = NULL;
-    char *canon = NULL;
-    size_t canon_len = 0;
-    unsigned int dlen = 0;
-    const uint8_t sep = 0;
+    struct idem_fingerprints fp;
+    int rc =
+        idem_fingerprints_init(&fp, method, target, target_len, content_type, body, body_len, mode);
 
-    if (mode == CONFIG_FINGERPRINT_AUTO && body_len > 0 && idem_is_json_media_type(content_type))
-        canon = canonical_json(body, body_len, &canon_len);
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL)
-        goto out;
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
-        goto out;
-    /* NUL separators: a method or target never holds NUL, so the fields
-     * cannot run into each other. */
-    if (EVP_DigestUpdate(ctx, method, strlen(method)) != 1 ||
-        EVP_DigestUpdate(ctx, &sep, 1) != 1 || EVP_DigestUpdate(ctx, target, target_len) != 1 ||
-        EVP_DigestUpdate(ctx, &sep, 1) != 1)
-        goto out;
-    if (canon != NULL) {
-        if (EVP_DigestUpdate(ctx, canon, canon_len) != 1)
-            goto out;
-    } else if (body_len > 0) {
-        if (EVP_DigestUpdate(ctx, body, body_len) != 1)
-            goto out;
-    }
-    if (EVP_DigestFinal_ex(ctx, out, &dlen) != 1 || dlen != STORE_FINGERPRINT_BYTES)
-        goto out;
-    rc = 0;
-out:
-    free(canon);
-    EVP_MD_CTX_free(ctx);
+    if (rc == 0)
+        rc = idem_fingerprints_canonical(&fp);
+    if (rc == 0)
+        memcpy(out, fp.canonical, STORE_FINGERPRINT_BYTES);
     return rc;
 }
 
@@ -363,16 +396,20 @@ int idem_scope_build(const struct config_route *route, const char *header_value,
     char *buf;
 
     if (route->scope_header != NULL)
-        len += 1 + 2 * SHA256_DIGEST_LENGTH;
+        len += 1 + 2 * STORE_SHA256_BYTES;
     buf = malloc(len + 1);
     if (buf == NULL)
         return -1;
     memcpy(buf, route->scope, slen);
     if (route->scope_header != NULL) {
-        uint8_t digest[SHA256_DIGEST_LENGTH];
-        SHA256((const unsigned char *)header_value, header_len, digest);
+        uint8_t digest[STORE_SHA256_BYTES];
+        const struct store_span part = {header_value, header_len};
+        if (store_sha256(&part, 1, digest) != STORE_OK) {
+            free(buf);
+            return -1;
+        }
         buf[slen] = '\0';
-        hex_encode(digest, SHA256_DIGEST_LENGTH, buf + slen + 1);
+        hex_encode(digest, STORE_SHA256_BYTES, buf + slen + 1);
     }
     buf[len] = '\0';
     *out = buf;
@@ -678,25 +715,50 @@ bool idem_target_is_canonical(const char *target, size_t len)
 
 /* ---- decisions --------------------------------------------------------- */
 
-enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
-                                           const uint8_t fingerprint[STORE_FINGERPRINT_BYTES],
-                                           int64_t now_ms)
+/* The fingerprint rule (policy.h, store.h): raw first, then canonical.
+ * 1 same, 0 different, -1 when the canonical fingerprint cannot be made. */
+static int same_request(const struct store_record *rec, struct idem_fingerprints *fp)
 {
-    bool same;
+    if (rec->has_raw_fingerprint &&
+        memcmp(rec->raw_fingerprint, fp->raw, STORE_FINGERPRINT_BYTES) == 0)
+        return 1;
+    if (idem_fingerprints_canonical(fp) != 0)
+        return -1;
+    return memcmp(rec->fingerprint, fp->canonical, STORE_FINGERPRINT_BYTES) == 0;
+}
 
-    if (rec->state == STORE_STATE_ABSENT)
-        return IDEM_LOOKUP_ACQUIRE;
-    same = memcmp(rec->fingerprint, fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
+                                           struct idem_fingerprints *fp, int64_t now_ms)
+{
+    enum idem_lookup_action action = IDEM_LOOKUP_ACQUIRE;
+    bool live = false;
+    int same;
+
     if (rec->state == STORE_STATE_COMPLETE) {
         /* Seed: an expired COMPLETE record is treated as absent. */
-        if (rec->expires_ms <= now_ms)
-            return IDEM_LOOKUP_ACQUIRE;
-        return same ? IDEM_LOOKUP_REPLAY : IDEM_LOOKUP_MISMATCH;
+        live = rec->expires_ms > now_ms;
+    } else if (rec->state == STORE_STATE_IN_PROGRESS) {
+        /* IN_PROGRESS with an expired lease is stealable. */
+        live = rec->lease_expires_ms > now_ms;
     }
-    /* IN_PROGRESS with an expired lease is stealable. */
-    if (rec->lease_expires_ms <= now_ms)
-        return IDEM_LOOKUP_ACQUIRE;
-    return same ? IDEM_LOOKUP_BUSY : IDEM_LOOKUP_MISMATCH;
+    if (!live) {
+        /* The acquire stores the canonical fingerprint, for later retries
+         * that send the same JSON formatted otherwise. */
+        if (idem_fingerprints_canonical(fp) != 0)
+            action = IDEM_LOOKUP_ERROR;
+        goto out;
+    }
+    same = same_request(rec, fp);
+    if (same < 0)
+        action = IDEM_LOOKUP_ERROR;
+    else if (same == 0)
+        action = IDEM_LOOKUP_MISMATCH;
+    else if (rec->state == STORE_STATE_COMPLETE)
+        action = IDEM_LOOKUP_REPLAY;
+    else
+        action = IDEM_LOOKUP_BUSY;
+out:
+    return action;
 }
 
 enum idem_record_action idem_decide_record(const struct config_route *route,

@@ -89,9 +89,46 @@ void idem_key_loghash(const char *scope, const char *key, size_t key_len, char o
 /* True for application/json and any +json media type (parameters ignored). */
 bool idem_is_json_media_type(const char *content_type);
 
-/* SHA-256 over method, target (path with query) and body. With mode AUTO and
- * a JSON media type, a body that parses as JSON is canonicalised first
- * (sorted keys, compact); one that does not is hashed as sent. */
+/*
+ * A request's two fingerprints (CONTRACT.md section 3), both SHA-256 over
+ * method, target (path with query) and body:
+ *
+ *   raw        the body as sent;
+ *   canonical  with mode AUTO and a JSON media type, a body that parses as
+ *              JSON canonicalised first (sorted keys, compact); one that
+ *              does not is hashed as sent.
+ *
+ * Where canonicalisation does not apply (mode RAW, another media type, no
+ * body) the two are one hash, computed once. Otherwise the canonical one is
+ * computed only when asked for (idem_fingerprints_canonical()): a retry is
+ * almost always byte-identical to the first request, and then the raw
+ * fingerprints already match and the body is never parsed.
+ *
+ * The struct borrows method, target and body from the caller (the request),
+ * which must keep them unchanged while the struct is in use.
+ */
+struct idem_fingerprints {
+    uint8_t raw[STORE_FINGERPRINT_BYTES];
+    uint8_t canonical[STORE_FINGERPRINT_BYTES]; /* valid when canonical_ready */
+    bool canonical_ready;
+    /* borrowed, for the deferred canonical fingerprint */
+    const char *method;
+    const char *target;
+    size_t target_len;
+    const void *body;
+    size_t body_len;
+};
+
+/* Computes the raw fingerprint (and the canonical one when it is the same
+ * hash). 0, or -1 when hashing fails. */
+int idem_fingerprints_init(struct idem_fingerprints *fp, const char *method, const char *target,
+                           size_t target_len, const char *content_type, const void *body,
+                           size_t body_len, enum config_fingerprint mode);
+/* Makes fp->canonical valid (a no-op when it already is). 0, or -1 when
+ * hashing fails. */
+int idem_fingerprints_canonical(struct idem_fingerprints *fp);
+
+/* The canonical fingerprint alone, in one call. */
 int idem_fingerprint(const char *method, const char *target, size_t target_len,
                      const char *content_type, const void *body, size_t body_len,
                      enum config_fingerprint mode, uint8_t out[STORE_FINGERPRINT_BYTES]);
@@ -166,11 +203,19 @@ enum idem_lookup_action {
     IDEM_LOOKUP_REPLAY,   /* COMPLETE, same fingerprint */
     IDEM_LOOKUP_BUSY,     /* live IN_PROGRESS, same fingerprint */
     IDEM_LOOKUP_MISMATCH, /* live record, other fingerprint: 422 */
+    IDEM_LOOKUP_ERROR,    /* the canonical fingerprint could not be computed */
 };
 
+/*
+ * "Same fingerprint" is the rule of the store (struct store_op in store.h):
+ * the raw fingerprints are compared first, when the record has one; only
+ * when they differ (or the record has none) is fp's canonical fingerprint
+ * computed and compared with the record's. A byte-identical retry of a
+ * COMPLETE key is therefore answered without canonicalising its body.
+ * IDEM_LOOKUP_ACQUIRE guarantees fp->canonical_ready: the acquire stores it.
+ */
 enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
-                                           const uint8_t fingerprint[STORE_FINGERPRINT_BYTES],
-                                           int64_t now_ms);
+                                           struct idem_fingerprints *fp, int64_t now_ms);
 
 /* How an upstream exchange ended. */
 enum idem_upstream_result {

@@ -112,7 +112,7 @@ struct request {
     size_t scope_len;
     char keyhash[9];
     uint8_t record_key[STORE_KEY_BYTES];
-    uint8_t fingerprint[STORE_FINGERPRINT_BYTES];
+    struct idem_fingerprints fp; /* borrows method, target and body */
 
     /* rejection found in the headers, answered at the end of the body */
     int reject_status;
@@ -517,7 +517,10 @@ static void submit_acquire(struct request *r)
     memset(&j->op, 0, sizeof(j->op));
     j->op.kind = STORE_OP_ACQUIRE;
     memcpy(j->op.key, r->record_key, STORE_KEY_BYTES);
-    memcpy(j->op.fingerprint, r->fingerprint, STORE_FINGERPRINT_BYTES);
+    /* lookup() decided ACQUIRE, which made the canonical fingerprint. */
+    memcpy(j->op.fingerprint, r->fp.canonical, STORE_FINGERPRINT_BYTES);
+    j->op.has_raw_fingerprint = true;
+    memcpy(j->op.raw_fingerprint, r->fp.raw, STORE_FINGERPRINT_BYTES);
     j->op.lease_ms = r->route->lease_ms;
     j->op.ttl_ms = r->route->ttl_ms;
     j->op.want_replay = true;
@@ -1045,7 +1048,7 @@ static void lookup(struct request *r)
         respond_unavailable(r, "the record store could not be read");
         goto out;
     }
-    switch (idem_decide_lookup(&rec, r->fingerprint, real_ms())) {
+    switch (idem_decide_lookup(&rec, &r->fp, real_ms())) {
     case IDEM_LOOKUP_REPLAY:
         respond_replay(r, &rec);
         break;
@@ -1059,6 +1062,10 @@ static void lookup(struct request *r)
         set_waiting(r, false);
         submit_acquire(r);
         suspend(r);
+        break;
+    case IDEM_LOOKUP_ERROR:
+        respond_problem(r, 500, "internal", "Internal error", "fingerprint failed", "error", 0,
+                        false);
         break;
     }
 out:
@@ -1480,8 +1487,9 @@ static void on_complete_request(struct request *r)
     }
     {
         const struct idem_header *ct = idem_headers_find(&r->headers, "Content-Type");
-        if (idem_fingerprint(r->method, r->target, r->target_len, ct ? ct->value : NULL, r->body,
-                             r->body_len, r->route->fingerprint, r->fingerprint) != 0) {
+        if (idem_fingerprints_init(&r->fp, r->method, r->target, r->target_len,
+                                   ct ? ct->value : NULL, r->body, r->body_len,
+                                   r->route->fingerprint) != 0) {
             respond_problem(r, 500, "internal", "Internal error", "fingerprint failed", "error",
                             0, false);
             return;

@@ -1,21 +1,30 @@
 /*
  * record.c - the versioned, binary-safe encoding of a record.
  *
- * Layout, version 1 (every integer little-endian, whatever the host):
+ * Layout, version 2 (every integer little-endian, whatever the host):
  *
  *   offset  size  field
- *        0     1  version (1)
+ *        0     1  version (2)
  *        1     1  state (1 IN_PROGRESS, 2 COMPLETE)
  *        2    16  lease id
  *       18     8  lease_expires_ms (two's complement)
  *       26     8  expires_ms (two's complement)
- *       34    32  fingerprint
+ *       34    32  fingerprint (canonical)
+ *       66    32  raw fingerprint
  *   COMPLETE only:
- *       66     4  status (100..599)
- *       70     8  headers length H
- *       78     H  headers
- *     78+H     8  body length B
- *     86+H     B  body
+ *       98     4  status (100..599)
+ *      102     8  headers length H
+ *      110     H  headers
+ *    110+H     8  body length B
+ *    118+H     B  body
+ *
+ * Version 1 is the same without the raw fingerprint (the status at offset
+ * 66). It is still read: stores written before version 2 keep working, and
+ * their records are compared on the canonical fingerprint alone. A record
+ * is written as version 2 when it has a raw fingerprint (every record the
+ * proxy acquires) and as version 1 otherwise (a version-1 record that is
+ * completed, extended or moved by purge, whose raw fingerprint is unknown),
+ * so that every record still has exactly one encoding.
  *
  * The version byte comes first so that a later layout can be told apart
  * from this one. The decoder trusts nothing: stored values outlive the code
@@ -27,8 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RECORD_VERSION 1
-#define RECORD_FIXED_BYTES (1 + 1 + STORE_LEASE_ID_BYTES + 8 + 8 + STORE_FINGERPRINT_BYTES)
+#define RECORD_VERSION_1 1
+#define RECORD_VERSION_2 2
+#define RECORD_V1_FIXED_BYTES (1 + 1 + STORE_LEASE_ID_BYTES + 8 + 8 + STORE_FINGERPRINT_BYTES)
+#define RECORD_V2_FIXED_BYTES (RECORD_V1_FIXED_BYTES + STORE_FINGERPRINT_BYTES)
+#define RECORD_RAW_FP_OFFSET RECORD_V1_FIXED_BYTES
 #define RECORD_STATUS_BYTES 4
 #define RECORD_LEN_BYTES 8
 
@@ -135,14 +147,20 @@ int store_record_parse(const void *buf, size_t len, struct store_record_view *ou
     struct store_record_view v;
     struct reader r = {buf, len};
     const uint8_t *p;
+    uint8_t version;
 
     memset(&v, 0, sizeof(v));
     memset(out, 0, sizeof(*out));
     if (buf == NULL) {
         goto out;
     }
-    p = take(&r, RECORD_FIXED_BYTES);
-    if (p == NULL || p[0] != RECORD_VERSION) {
+    version = len > 0 ? *(const uint8_t *)buf : 0;
+    if (version != RECORD_VERSION_1 && version != RECORD_VERSION_2) {
+        goto out;
+    }
+    v.has_raw_fingerprint = version == RECORD_VERSION_2;
+    p = take(&r, v.has_raw_fingerprint ? RECORD_V2_FIXED_BYTES : RECORD_V1_FIXED_BYTES);
+    if (p == NULL) {
         goto out;
     }
     if (p[1] == STORE_STATE_IN_PROGRESS) {
@@ -156,6 +174,9 @@ int store_record_parse(const void *buf, size_t len, struct store_record_view *ou
     v.lease_expires_ms = u64_to_i64(get_u64(p + 18));
     v.expires_ms = u64_to_i64(get_u64(p + 26));
     memcpy(v.fingerprint, p + 34, STORE_FINGERPRINT_BYTES);
+    if (v.has_raw_fingerprint) {
+        memcpy(v.raw_fingerprint, p + RECORD_RAW_FP_OFFSET, STORE_FINGERPRINT_BYTES);
+    }
 
     if (v.state == STORE_STATE_COMPLETE) {
         p = take(&r, RECORD_STATUS_BYTES);
@@ -183,7 +204,7 @@ out:
 int store_record_size(const struct store_record_view *v, size_t *out)
 {
     int rc = STORE_EINVAL;
-    size_t n = RECORD_FIXED_BYTES;
+    size_t n = v->has_raw_fingerprint ? RECORD_V2_FIXED_BYTES : RECORD_V1_FIXED_BYTES;
 
     if (v->state == STORE_STATE_COMPLETE) {
         if (!status_valid(v->status) || (v->headers == NULL && v->headers_len > 0) ||
@@ -212,13 +233,17 @@ void store_record_write(const struct store_record_view *v, uint8_t *buf)
 {
     uint8_t *p = buf;
 
-    p[0] = RECORD_VERSION;
+    p[0] = v->has_raw_fingerprint ? RECORD_VERSION_2 : RECORD_VERSION_1;
     p[1] = (uint8_t)v->state;
     memcpy(p + 2, v->lease_id, STORE_LEASE_ID_BYTES);
     put_u64(p + 18, i64_to_u64(v->lease_expires_ms));
     put_u64(p + 26, i64_to_u64(v->expires_ms));
     memcpy(p + 34, v->fingerprint, STORE_FINGERPRINT_BYTES);
-    p += RECORD_FIXED_BYTES;
+    p += RECORD_V1_FIXED_BYTES;
+    if (v->has_raw_fingerprint) {
+        memcpy(p, v->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+        p += STORE_FINGERPRINT_BYTES;
+    }
     if (v->state == STORE_STATE_COMPLETE) {
         put_u32(p, (uint32_t)v->status);
         p += RECORD_STATUS_BYTES;
@@ -262,6 +287,10 @@ int store_record_copy(const struct store_record_view *v, struct store_record *ou
     rec.lease_expires_ms = v->lease_expires_ms;
     rec.expires_ms = v->expires_ms;
     memcpy(rec.fingerprint, v->fingerprint, STORE_FINGERPRINT_BYTES);
+    rec.has_raw_fingerprint = v->has_raw_fingerprint;
+    if (v->has_raw_fingerprint) {
+        memcpy(rec.raw_fingerprint, v->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    }
     rec.status = v->status;
     rc = dup_bytes(v->headers, v->headers_len, &rec.headers);
     if (rc != STORE_OK) {
@@ -297,6 +326,10 @@ int store_record_encode(const struct store_record *rec, uint8_t **out, size_t *o
     v.lease_expires_ms = rec->lease_expires_ms;
     v.expires_ms = rec->expires_ms;
     memcpy(v.fingerprint, rec->fingerprint, STORE_FINGERPRINT_BYTES);
+    v.has_raw_fingerprint = rec->has_raw_fingerprint;
+    if (rec->has_raw_fingerprint) {
+        memcpy(v.raw_fingerprint, rec->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    }
     if (rec->state == STORE_STATE_COMPLETE) {
         v.status = rec->status;
         v.headers = rec->headers;

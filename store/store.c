@@ -5,8 +5,8 @@
  * the real-time clock.
  */
 #include "store.h"
+#include "store_sha256.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +278,8 @@ int store_acquire(struct store *st, const uint8_t key[STORE_KEY_BYTES],
     out->kind = STORE_OP_ACQUIRE;
     memcpy(out->key, key, STORE_KEY_BYTES);
     memcpy(out->fingerprint, fingerprint, STORE_FINGERPRINT_BYTES);
+    out->has_raw_fingerprint = true;
+    memcpy(out->raw_fingerprint, fingerprint, STORE_FINGERPRINT_BYTES);
     out->lease_ms = lease_ms;
     out->ttl_ms = ttl_ms;
     out->want_replay = true;
@@ -367,24 +369,19 @@ static void put_be64(uint8_t out[8], uint64_t v)
 void store_key_derive(const void *scope, size_t scope_len, const void *key, size_t key_len,
                       uint8_t out[STORE_KEY_BYTES])
 {
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     uint8_t scope_len_be[8];
     uint8_t key_len_be[8];
-    unsigned int md_len = 0;
-    bool ok = ctx != NULL;
+    struct store_span parts[4];
 
     /* Length prefixes make the encoding injective: ("ab","c") and ("a","bc")
      * hash different byte strings. */
     put_be64(scope_len_be, (uint64_t)scope_len);
     put_be64(key_len_be, (uint64_t)key_len);
-    ok = ok && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
-    ok = ok && EVP_DigestUpdate(ctx, scope_len_be, sizeof(scope_len_be)) == 1;
-    ok = ok && (scope_len == 0 || EVP_DigestUpdate(ctx, scope, scope_len) == 1);
-    ok = ok && EVP_DigestUpdate(ctx, key_len_be, sizeof(key_len_be)) == 1;
-    ok = ok && (key_len == 0 || EVP_DigestUpdate(ctx, key, key_len) == 1);
-    ok = ok && EVP_DigestFinal_ex(ctx, out, &md_len) == 1 && md_len == STORE_KEY_BYTES;
-    EVP_MD_CTX_free(ctx);
-    if (!ok) {
+    parts[0] = (struct store_span){scope_len_be, sizeof(scope_len_be)};
+    parts[1] = (struct store_span){scope, scope_len};
+    parts[2] = (struct store_span){key_len_be, sizeof(key_len_be)};
+    parts[3] = (struct store_span){key, key_len};
+    if (store_sha256(parts, 4, out) != STORE_OK) {
         /* This function cannot report an error, and any key it made up
          * instead (zeros, a partial hash) would merge unrelated identities
          * and replay one client's response to another. OpenSSL fails here

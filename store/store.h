@@ -93,7 +93,11 @@ struct store_record {
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
     int64_t lease_expires_ms;
     int64_t expires_ms;
-    uint8_t fingerprint[STORE_FINGERPRINT_BYTES];
+    uint8_t fingerprint[STORE_FINGERPRINT_BYTES]; /* canonical (see store_op) */
+    /* false for a record stored before the raw fingerprint was (record
+     * version 1): it is compared on the canonical fingerprint alone. */
+    bool has_raw_fingerprint;
+    uint8_t raw_fingerprint[STORE_FINGERPRINT_BYTES];
     int status;       /* COMPLETE only */
     uint8_t *headers; /* COMPLETE only; owned */
     size_t headers_len;
@@ -113,12 +117,23 @@ enum store_op_kind {
 /*
  * One edge to apply. Fields marked "in" are set by the caller, "out" by the
  * store. The spans of a complete must stay valid for the store_apply() call.
+ *
+ * An acquire carries two fingerprints of its request: the canonical one
+ * (fingerprint: what decides "same request", CONTRACT.md section 3) and,
+ * when has_raw_fingerprint is set, the raw one (the same hash over the body
+ * as sent). Both are stored. A later acquire is the same request when both
+ * have raw fingerprints and they are equal (equal bytes canonicalise
+ * equally, so this is only a shortcut), or else when the canonical ones are
+ * equal. An acquire without a raw fingerprint stores none, and such a
+ * record is compared on the canonical fingerprint alone.
  */
 struct store_op {
     enum store_op_kind kind;                    /* in */
     uint8_t key[STORE_KEY_BYTES];               /* in */
     uint8_t lease_id[STORE_LEASE_ID_BYTES];     /* in: complete/release/extend; out: acquire */
-    uint8_t fingerprint[STORE_FINGERPRINT_BYTES]; /* in: acquire */
+    uint8_t fingerprint[STORE_FINGERPRINT_BYTES];     /* in: acquire (canonical) */
+    bool has_raw_fingerprint;                         /* in: acquire */
+    uint8_t raw_fingerprint[STORE_FINGERPRINT_BYTES]; /* in: acquire, if has_raw_fingerprint */
     int64_t lease_ms;                           /* in: acquire, extend */
     int64_t ttl_ms;                             /* in: acquire, complete */
     int status;                                 /* in: complete */
@@ -225,7 +240,8 @@ int store_sync(struct store *st);
 /* Convenience single-edge calls: each is store_apply() of one op.
  * store_acquire() fills *out entirely (it need not be initialised) and always
  * asks for the replay copy: clear out->replay with store_record_clear().
- * outcome may be NULL. */
+ * Its request has one fingerprint, used as both the canonical and the raw
+ * one (a body that canonicalisation leaves as it is). outcome may be NULL. */
 int store_acquire(struct store *st, const uint8_t key[STORE_KEY_BYTES],
                   const uint8_t fingerprint[STORE_FINGERPRINT_BYTES], int64_t lease_ms,
                   int64_t ttl_ms, struct store_op *out);

@@ -23,6 +23,8 @@ struct store_record_view {
     int64_t lease_expires_ms;
     int64_t expires_ms;
     uint8_t fingerprint[STORE_FINGERPRINT_BYTES];
+    bool has_raw_fingerprint; /* false: a version-1 record */
+    uint8_t raw_fingerprint[STORE_FINGERPRINT_BYTES];
     int status;             /* COMPLETE only */
     const uint8_t *headers; /* COMPLETE only; borrowed */
     size_t headers_len;

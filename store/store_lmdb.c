@@ -61,6 +61,9 @@
 #define RECORD_PAGES 1
 /* LMDB's page header, which an overflow value also carries. */
 #define PAGE_HEADER_BYTES 16
+/* Lease ids come from a buffer of kernel randomness this large: one
+ * getrandom() per 256 acquires instead of one each. */
+#define LEASE_RANDOM_BYTES 4096
 
 /*
  * The LMDB calls that can fail once the store is open go through these, so
@@ -99,6 +102,14 @@ struct lmdb_store {
     pthread_mutex_t pool_lock;
     MDB_txn *pool[LMDB_READ_POOL]; /* reset read transactions */
     size_t pool_len;
+
+    /* Random bytes for lease ids (new_lease_id). Only touched inside a
+     * write transaction, and LMDB admits one at a time per environment,
+     * across threads too, so LMDB's writer lock is what guards them. The
+     * last lease_random_left bytes are unused; every byte is handed out
+     * once (a handle is not used across fork(), store.h). */
+    uint8_t lease_random[LEASE_RANDOM_BYTES];
+    size_t lease_random_left;
 
     /* The environment's identity, for the same-process guard below. */
     dev_t dev;
@@ -272,14 +283,13 @@ static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STOR
     return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
-/* A lease id is a capability: whoever knows it may complete the record, so
- * it comes from the kernel's CSPRNG. */
-static int new_lease_id(uint8_t out[STORE_LEASE_ID_BYTES])
+/* Fills buf from the kernel's CSPRNG. */
+static int fill_random(uint8_t *buf, size_t len)
 {
     int rc = STORE_OK;
     size_t got = 0;
-    while (got < STORE_LEASE_ID_BYTES) {
-        ssize_t n = getrandom(out + got, STORE_LEASE_ID_BYTES - got, 0);
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
         if (n < 0 && errno != EINTR) {
             rc = STORE_EIO;
             break;
@@ -288,6 +298,31 @@ static int new_lease_id(uint8_t out[STORE_LEASE_ID_BYTES])
             got += (size_t)n;
         }
     }
+    return rc;
+}
+
+/* A lease id is a capability: whoever knows it may complete the record, so
+ * it comes from the kernel's CSPRNG, read LEASE_RANDOM_BYTES at a time.
+ * Called inside a write transaction only (see struct lmdb_store). */
+static int new_lease_id(struct lmdb_store *s, uint8_t out[STORE_LEASE_ID_BYTES])
+{
+    int rc = STORE_OK;
+    uint8_t *p;
+
+    if (s->lease_random_left < STORE_LEASE_ID_BYTES) {
+        s->lease_random_left = 0; /* a failed refill leaves nothing usable */
+        rc = fill_random(s->lease_random, sizeof(s->lease_random));
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        s->lease_random_left = sizeof(s->lease_random);
+    }
+    p = s->lease_random + sizeof(s->lease_random) - s->lease_random_left;
+    memcpy(out, p, STORE_LEASE_ID_BYTES);
+    /* Handed out: the handle keeps no copy of a live capability. */
+    OPENSSL_cleanse(p, STORE_LEASE_ID_BYTES);
+    s->lease_random_left -= STORE_LEASE_ID_BYTES;
+out:
     return rc;
 }
 
@@ -473,6 +508,18 @@ static void result_clear(struct op_result *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* The fingerprint rule of store.h (struct store_op): raw fingerprints
+ * first, where both sides have one, then the canonical ones. The proxy's
+ * read-side lookup applies the same rule (idem_decide_lookup). */
+static bool same_request(const struct store_record_view *cur, const struct store_op *op)
+{
+    if (cur->has_raw_fingerprint && op->has_raw_fingerprint &&
+        memcmp(cur->raw_fingerprint, op->raw_fingerprint, STORE_FINGERPRINT_BYTES) == 0) {
+        return true;
+    }
+    return memcmp(cur->fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+}
+
 static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
                       const struct store_op *op, struct op_result *res)
 {
@@ -485,7 +532,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     if (rc != STORE_OK) {
         goto out;
     }
-    same_fp = found && memcmp(cur.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
+    same_fp = found && same_request(&cur, op);
     if (found && cur.state == STORE_STATE_COMPLETE && cur.expires_ms > now) {
         res->outcome = same_fp ? STORE_REPLAY : STORE_MISMATCH;
         if (same_fp && op->want_replay) {
@@ -514,13 +561,17 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     }
     memset(&next, 0, sizeof(next));
     next.state = STORE_STATE_IN_PROGRESS;
-    rc = new_lease_id(next.lease_id);
+    rc = new_lease_id(s, next.lease_id);
     if (rc != STORE_OK) {
         goto out;
     }
     next.lease_expires_ms = add_ms(now, op->lease_ms);
     next.expires_ms = add_ms(now, op->ttl_ms);
     memcpy(next.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES);
+    next.has_raw_fingerprint = op->has_raw_fingerprint;
+    if (op->has_raw_fingerprint) {
+        memcpy(next.raw_fingerprint, op->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    }
     rc = record_put(s, txn, op->key, &next);
     if (rc == STORE_OK) {
         rc = index_put(s, txn, next.expires_ms, op->key);
@@ -563,6 +614,8 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     next.lease_expires_ms = cur.lease_expires_ms;
     next.expires_ms = cur.expires_ms;
     memcpy(next.fingerprint, cur.fingerprint, STORE_FINGERPRINT_BYTES);
+    next.has_raw_fingerprint = cur.has_raw_fingerprint;
+    memcpy(next.raw_fingerprint, cur.raw_fingerprint, STORE_FINGERPRINT_BYTES);
 
     switch (op->kind) {
     case STORE_OP_COMPLETE:
@@ -875,6 +928,8 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             next.lease_expires_ms = v.lease_expires_ms;
             next.expires_ms = v.lease_expires_ms;
             memcpy(next.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
+            next.has_raw_fingerprint = v.has_raw_fingerprint;
+            memcpy(next.raw_fingerprint, v.raw_fingerprint, STORE_FINGERPRINT_BYTES);
             rc = index_del(s, txn, t, key);
             if (rc == STORE_OK) {
                 rc = record_put(s, txn, key, &next);
@@ -1248,6 +1303,7 @@ static void lmdb_close(void *impl)
             open_envs_remove(s);
         }
         pthread_mutex_destroy(&s->pool_lock);
+        OPENSSL_cleanse(s->lease_random, sizeof(s->lease_random));
         free(s);
     }
 }

@@ -7,7 +7,8 @@
  *   - store_record_decode() either fails with STORE_ECORRUPT (or ENOMEM)
  *     leaving a record that store_record_clear() accepts, or succeeds;
  *   - a decoded record re-encodes to exactly the input (the layout has one
- *     encoding per record), and decoding that gives the same record;
+ *     encoding per record: version 2 with a raw fingerprint, version 1
+ *     without), and decoding that gives the same record;
  *   - the headers blob of a COMPLETE record goes through the proxy's
  *     idem_headers_decode() (as a replay would) without harm, and when it
  *     decodes it re-encodes to the same bytes.
@@ -26,6 +27,8 @@ static void check_same(const struct store_record *a, const struct store_record *
     FUZZ_CHECK(a->lease_expires_ms == b->lease_expires_ms);
     FUZZ_CHECK(a->expires_ms == b->expires_ms);
     FUZZ_CHECK(memcmp(a->fingerprint, b->fingerprint, STORE_FINGERPRINT_BYTES) == 0);
+    FUZZ_CHECK(a->has_raw_fingerprint == b->has_raw_fingerprint);
+    FUZZ_CHECK(memcmp(a->raw_fingerprint, b->raw_fingerprint, STORE_FINGERPRINT_BYTES) == 0);
     FUZZ_CHECK(a->status == b->status);
     FUZZ_CHECK(a->headers_len == b->headers_len && a->body_len == b->body_len);
     FUZZ_CHECK(a->headers_len == 0 || memcmp(a->headers, b->headers, a->headers_len) == 0);

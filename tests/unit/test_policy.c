@@ -1052,23 +1052,29 @@ static int64_t at(enum when w)
     return w == PAST ? now_ms - 1 : w == NOW ? now_ms : now_ms + 1;
 }
 
-/* The record as the store would have it; the fingerprint of the request is
- * 0x11 bytes, the record's 0x11 (same) or 0x22 (other). */
+/* The record as the store would have it; the canonical fingerprint of the
+ * request is 0x11 bytes, the record's 0x11 (same) or 0x22 (other). The raw
+ * fingerprints always differ, so the canonical ones decide. */
 static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum when lease,
                                       enum when ttl)
 {
     struct store_record rec;
-    uint8_t fp[STORE_FINGERPRINT_BYTES];
+    struct idem_fingerprints fp;
 
     memset(&rec, 0, sizeof(rec));
-    memset(fp, 0x11, sizeof(fp));
+    memset(&fp, 0, sizeof(fp));
+    memset(fp.raw, 0x33, sizeof(fp.raw));
+    memset(fp.canonical, 0x11, sizeof(fp.canonical));
+    fp.canonical_ready = true;
     rec.state = st;
     memset(rec.fingerprint, same_fp ? 0x11 : 0x22, sizeof(rec.fingerprint));
+    rec.has_raw_fingerprint = true;
+    memset(rec.raw_fingerprint, 0x44, sizeof(rec.raw_fingerprint));
     rec.lease_expires_ms = at(lease);
     rec.expires_ms = at(ttl);
     if (st == STORE_STATE_COMPLETE)
         rec.status = 201;
-    return idem_decide_lookup(&rec, fp, now_ms);
+    return idem_decide_lookup(&rec, &fp, now_ms);
 }
 
 static void test_decide_lookup_table(void **state)
@@ -1121,6 +1127,166 @@ static void test_decide_lookup_named_cases(void **state)
     assert_int_equal(lookup(STORE_STATE_IN_PROGRESS, true, NOW, FUTURE), IDEM_LOOKUP_ACQUIRE);
     assert_int_equal(lookup(STORE_STATE_IN_PROGRESS, false, PAST, FUTURE), IDEM_LOOKUP_ACQUIRE);
     assert_int_equal(lookup(STORE_STATE_IN_PROGRESS, true, FUTURE, PAST), IDEM_LOOKUP_BUSY);
+}
+
+/* A request of the lookup tests below: POST /v1/payments with a JSON body. */
+static void request_fp(struct idem_fingerprints *fp, const char *body, const char *ctype,
+                       enum config_fingerprint mode)
+{
+    static const char target[] = "/v1/payments";
+    assert_int_equal(
+        idem_fingerprints_init(fp, "POST", target, strlen(target), ctype, body, strlen(body), mode),
+        0);
+}
+
+/* The COMPLETE record a first request leaves: both of its fingerprints, or
+ * (v1) the canonical one only, as a store written before version 2 has. */
+static void record_of(struct store_record *rec, const char *body, bool v1)
+{
+    struct idem_fingerprints fp;
+
+    memset(rec, 0, sizeof(*rec));
+    rec->state = STORE_STATE_COMPLETE;
+    rec->status = 201;
+    rec->expires_ms = now_ms + 1000;
+    request_fp(&fp, body, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_fingerprints_canonical(&fp), 0);
+    memcpy(rec->fingerprint, fp.canonical, STORE_FINGERPRINT_BYTES);
+    rec->has_raw_fingerprint = !v1;
+    if (!v1)
+        memcpy(rec->raw_fingerprint, fp.raw, STORE_FINGERPRINT_BYTES);
+}
+
+static const char pay_a[] = "{\"amount\":100,\"currency\":\"EUR\"}";
+static const char pay_a_reordered[] = "{ \"currency\": \"EUR\", \"amount\": 100 }";
+static const char pay_b[] = "{\"amount\":101,\"currency\":\"EUR\"}";
+
+/* The replay fast path: a byte-identical retry matches on the raw
+ * fingerprint, and its body is never canonicalised. */
+static void test_lookup_raw_match_skips_canonical(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+
+    (void)state;
+    record_of(&rec, pay_a, false);
+    request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_false(fp.canonical_ready);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_false(fp.canonical_ready);
+
+    /* The same for a live IN_PROGRESS record: busy, without canonicalising. */
+    rec.state = STORE_STATE_IN_PROGRESS;
+    rec.lease_expires_ms = now_ms + 1000;
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_BUSY);
+    assert_false(fp.canonical_ready);
+}
+
+/* CONTRACT.md section 3: key order and white space are not a mismatch. The
+ * raw fingerprints differ, so the canonical ones decide. */
+static void test_lookup_reordered_json_replays(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+
+    (void)state;
+    record_of(&rec, pay_a, false);
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_memory_not_equal(fp.raw, rec.raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_true(fp.canonical_ready);
+    assert_memory_equal(fp.canonical, rec.fingerprint, STORE_FINGERPRINT_BYTES);
+}
+
+static void test_lookup_different_body_mismatch(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+
+    (void)state;
+    record_of(&rec, pay_a, false);
+    request_fp(&fp, pay_b, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+    rec.state = STORE_STATE_IN_PROGRESS;
+    rec.lease_expires_ms = now_ms + 1000;
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+}
+
+/* A record stored before version 2 has no raw fingerprint: every
+ * comparison goes through the canonical one, with the same answers. */
+static void test_lookup_v1_record_uses_canonical(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+
+    (void)state;
+    record_of(&rec, pay_a, true);
+    request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_true(fp.canonical_ready);
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    request_fp(&fp, pay_b, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+}
+
+/* An acquire stores the canonical fingerprint (for later retries formatted
+ * otherwise), so ACQUIRE always comes with it, equal to idem_fingerprint(). */
+static void test_lookup_acquire_makes_canonical(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+    uint8_t want[STORE_FINGERPRINT_BYTES];
+
+    (void)state;
+    memset(&rec, 0, sizeof(rec));
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_ACQUIRE);
+    assert_true(fp.canonical_ready);
+    assert_int_equal(idem_fingerprint("POST", "/v1/payments", 12, "application/json",
+                                      pay_a_reordered, strlen(pay_a_reordered),
+                                      CONFIG_FINGERPRINT_AUTO, want),
+                     0);
+    assert_memory_equal(fp.canonical, want, sizeof(want));
+    assert_memory_not_equal(fp.raw, want, sizeof(want));
+
+    /* An expired COMPLETE record is absent: the same. */
+    record_of(&rec, pay_b, false);
+    rec.expires_ms = now_ms;
+    request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_ACQUIRE);
+    assert_true(fp.canonical_ready);
+}
+
+/* Where canonicalisation does not apply, raw and canonical are one hash,
+ * computed once by init. */
+static void test_fingerprints_one_hash_when_not_canonicalised(void **state)
+{
+    struct idem_fingerprints fp;
+    uint8_t want[STORE_FINGERPRINT_BYTES];
+
+    (void)state;
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_RAW);
+    assert_true(fp.canonical_ready);
+    assert_memory_equal(fp.raw, fp.canonical, STORE_FINGERPRINT_BYTES);
+    request_fp(&fp, pay_a_reordered, "text/plain", CONFIG_FINGERPRINT_AUTO);
+    assert_true(fp.canonical_ready);
+    assert_memory_equal(fp.raw, fp.canonical, STORE_FINGERPRINT_BYTES);
+    request_fp(&fp, "", "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_true(fp.canonical_ready);
+    assert_memory_equal(fp.raw, fp.canonical, STORE_FINGERPRINT_BYTES);
+    /* JSON that does not parse is hashed as sent: canonical equals raw. */
+    request_fp(&fp, "{\"a\":", "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_false(fp.canonical_ready);
+    assert_int_equal(idem_fingerprints_canonical(&fp), 0);
+    assert_memory_equal(fp.raw, fp.canonical, STORE_FINGERPRINT_BYTES);
+    /* The raw fingerprint is the canonical one of the body as sent. */
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    assert_int_equal(idem_fingerprint("POST", "/v1/payments", 12, "application/json",
+                                      pay_a_reordered, strlen(pay_a_reordered),
+                                      CONFIG_FINGERPRINT_RAW, want),
+                     0);
+    assert_memory_equal(fp.raw, want, sizeof(want));
 }
 
 /* ---- idem_decide_record -------------------------------------------------- */
@@ -1285,6 +1451,12 @@ int main(void)
         cmocka_unit_test(test_key_status_text),
         cmocka_unit_test(test_key_loghash),
         cmocka_unit_test(test_fingerprint_json_canonical),
+        cmocka_unit_test(test_fingerprints_one_hash_when_not_canonicalised),
+        cmocka_unit_test(test_lookup_raw_match_skips_canonical),
+        cmocka_unit_test(test_lookup_reordered_json_replays),
+        cmocka_unit_test(test_lookup_different_body_mismatch),
+        cmocka_unit_test(test_lookup_v1_record_uses_canonical),
+        cmocka_unit_test(test_lookup_acquire_makes_canonical),
         cmocka_unit_test(test_fingerprint_known_answer),
         cmocka_unit_test(test_fingerprint_raw_mode),
         cmocka_unit_test(test_fingerprint_non_json_hashed_raw),

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "store_sha256.h"
 
 #define T0 1700000000000LL /* any epoch works; this one looks like real time */
 
@@ -837,6 +838,234 @@ static void test_key_derive(void **state)
     assert_memory_not_equal(k1, k2, STORE_KEY_BYTES);
 }
 
+/* FIPS 180-2 vectors, split across parts in every way the callers do. */
+static void test_sha256_known_answers(void **state)
+{
+    static const uint8_t abc[STORE_SHA256_BYTES] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea,
+                                                    0x41, 0x41, 0x40, 0xde, 0x5d, 0xae, 0x22, 0x23,
+                                                    0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17, 0x7a, 0x9c,
+                                                    0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+    static const uint8_t empty[STORE_SHA256_BYTES] = {
+        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4,
+        0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b,
+        0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+    const struct store_span one[] = {{"abc", 3}};
+    const struct store_span split[] = {{"a", 1}, {NULL, 0}, {"bc", 2}, {"", 0}};
+    uint8_t out[STORE_SHA256_BYTES];
+
+    (void)state;
+    assert_int_equal(store_sha256(one, 1, out), STORE_OK);
+    assert_memory_equal(out, abc, sizeof(out));
+    assert_int_equal(store_sha256(split, 4, out), STORE_OK);
+    assert_memory_equal(out, abc, sizeof(out));
+    assert_int_equal(store_sha256(NULL, 0, out), STORE_OK);
+    assert_memory_equal(out, empty, sizeof(out));
+    /* The context is reused: the digest before does not leak into this one. */
+    assert_int_equal(store_sha256(one, 1, out), STORE_OK);
+    assert_memory_equal(out, abc, sizeof(out));
+}
+
+#define SHA_THREADS 8
+#define SHA_ROUNDS 2000
+
+static void *sha256_thread(void *arg)
+{
+    uint8_t *ok = arg;
+    uint8_t want[STORE_KEY_BYTES];
+    uint8_t got[STORE_KEY_BYTES];
+
+    /* Interleaved with the other threads' digests: each thread has its own
+     * context, so every result is the same. The contexts are freed when the
+     * threads exit (LeakSanitizer in the sanitizer build). */
+    store_key_derive("payments", 8, "abc", 3, want);
+    *ok = 1;
+    for (int i = 0; i < SHA_ROUNDS; i++) {
+        store_key_derive("payments", 8, "abc", 3, got);
+        if (memcmp(want, got, sizeof(got)) != 0) {
+            *ok = 0;
+        }
+    }
+    return NULL;
+}
+
+static void test_sha256_threads(void **state)
+{
+    pthread_t th[SHA_THREADS];
+    uint8_t ok[SHA_THREADS];
+    uint8_t k[STORE_KEY_BYTES];
+    static const uint8_t payments_abc[STORE_KEY_BYTES] = {
+        0x7b, 0xed, 0x95, 0xb8, 0xcf, 0x71, 0xdd, 0x9d, 0xad, 0xb3, 0x60,
+        0x9c, 0x6f, 0x84, 0x4a, 0x8c, 0x0a, 0x8b, 0xa8, 0x8d, 0xa5, 0xd4,
+        0xa3, 0x68, 0xb8, 0xab, 0x91, 0xa0, 0xa8, 0x48, 0x27, 0x3a};
+
+    (void)state;
+    for (int i = 0; i < SHA_THREADS; i++) {
+        assert_int_equal(pthread_create(&th[i], NULL, sha256_thread, &ok[i]), 0);
+    }
+    for (int i = 0; i < SHA_THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(ok[i], 1);
+    }
+    store_key_derive("payments", 8, "abc", 3, k);
+    assert_memory_equal(k, payments_abc, sizeof(k));
+}
+
+/* An acquire carrying both fingerprints of its request, raw 'r...' and
+ * canonical 'c...' bytes. */
+static enum store_outcome acquire2(struct store *st, const char *name, uint8_t raw, uint8_t canon,
+                                   struct store_op *op)
+{
+    memset(op, 0, sizeof(*op));
+    op->kind = STORE_OP_ACQUIRE;
+    key_of(name, op->key);
+    fp_of(canon, op->fingerprint);
+    op->has_raw_fingerprint = true;
+    fp_of(raw, op->raw_fingerprint);
+    op->lease_ms = 1000;
+    op->ttl_ms = 60000;
+    op->want_replay = true;
+    assert_int_equal(store_apply(st, op, 1), 0);
+    return op->outcome;
+}
+
+/* The fingerprint rule inside the write transaction (store.h, struct
+ * store_op): raw fingerprints first, then the canonical ones. */
+static void test_acquire_raw_then_canonical(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op o;
+    struct store_record rec;
+    uint8_t key[STORE_KEY_BYTES];
+
+    assert_int_equal(acquire2(f->st, "k", 'r', 'c', &a), STORE_ACQUIRED);
+    key_of("k", key);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_true(rec.has_raw_fingerprint);
+    assert_int_equal(rec.raw_fingerprint[0], 'r');
+    assert_int_equal(rec.fingerprint[0], 'c');
+    store_record_clear(&rec);
+
+    /* IN_PROGRESS: busy for the same request either way, else mismatch. */
+    assert_int_equal(acquire2(f->st, "k", 'r', 'x', &o), STORE_BUSY);
+    assert_int_equal(acquire2(f->st, "k", 's', 'c', &o), STORE_BUSY);
+    assert_int_equal(acquire2(f->st, "k", 's', 'x', &o), STORE_MISMATCH);
+
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "done"), STORE_DONE);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_true(rec.has_raw_fingerprint); /* kept by complete */
+    assert_int_equal(rec.raw_fingerprint[0], 'r');
+    store_record_clear(&rec);
+
+    /* COMPLETE: a byte-identical retry (raw equal), one formatted otherwise
+     * (raw differs, canonical equal), and another request (both differ). */
+    assert_int_equal(acquire2(f->st, "k", 'r', 'x', &o), STORE_REPLAY);
+    assert_int_equal(o.replay.body_len, 4);
+    store_record_clear(&o.replay);
+    assert_int_equal(acquire2(f->st, "k", 's', 'c', &o), STORE_REPLAY);
+    store_record_clear(&o.replay);
+    assert_int_equal(acquire2(f->st, "k", 's', 'x', &o), STORE_MISMATCH);
+    assert_null(o.replay.body);
+
+    /* An acquire without a raw fingerprint is compared on the canonical
+     * one alone, even when its (unset) raw bytes would match. */
+    memset(&o, 0, sizeof(o));
+    o.kind = STORE_OP_ACQUIRE;
+    memcpy(o.key, key, sizeof(key));
+    fp_of('x', o.fingerprint);
+    fp_of('r', o.raw_fingerprint);
+    o.lease_ms = 1000;
+    o.ttl_ms = 60000;
+    assert_int_equal(store_apply(f->st, &o, 1), 0);
+    assert_int_equal(o.outcome, STORE_MISMATCH);
+}
+
+/* Writes a version-1 IN_PROGRESS record behind the store's back, as a
+ * store written before version 2 holds it (record.c layout). */
+static void put_v1_in_progress(const char *path, const char *name, uint8_t canon,
+                               const uint8_t lease[STORE_LEASE_ID_BYTES], int64_t lease_expires_ms,
+                               int64_t expires_ms)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi records;
+    MDB_dbi expiry;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t rec[66];
+    uint8_t idx[8 + STORE_KEY_BYTES];
+    uint64_t t = (uint64_t)expires_ms ^ ((uint64_t)1 << 63);
+    MDB_val k = {sizeof(key), key};
+    MDB_val v = {sizeof(rec), rec};
+    MDB_val ik = {sizeof(idx), idx};
+    MDB_val iv = {0, NULL};
+
+    key_of(name, key);
+    memset(rec, 0, sizeof(rec));
+    rec[0] = 1;
+    rec[1] = STORE_STATE_IN_PROGRESS;
+    memcpy(rec + 2, lease, STORE_LEASE_ID_BYTES);
+    for (int i = 0; i < 8; i++) {
+        rec[18 + i] = (uint8_t)((uint64_t)lease_expires_ms >> (8 * i));
+        rec[26 + i] = (uint8_t)((uint64_t)expires_ms >> (8 * i));
+        idx[i] = (uint8_t)(t >> (56 - 8 * i)); /* the expiry index entry */
+    }
+    memset(rec + 34, canon, STORE_FINGERPRINT_BYTES);
+    memcpy(idx + 8, key, STORE_KEY_BYTES);
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &records), 0);
+    assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &expiry), 0);
+    assert_int_equal(mdb_put(txn, records, &k, &v, 0), 0);
+    assert_int_equal(mdb_put(txn, expiry, &ik, &iv, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* A store written before version 2 survives the upgrade: its records are
+ * read, compared on the canonical fingerprint, completed (staying version
+ * 1, since their raw fingerprint is unknown) and replayed. */
+static void test_v1_record_in_store(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t lease[STORE_LEASE_ID_BYTES];
+    uint8_t key[STORE_KEY_BYTES];
+    struct store_record rec;
+    struct store_op o;
+    size_t purged = 0;
+
+    store_close(f->st);
+    f->st = NULL;
+    memset(lease, 0x42, sizeof(lease));
+    put_v1_in_progress(f->path, "old", 'c', lease, T0 + 1000, T0 + 60000);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    key_of("old", key);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_false(rec.has_raw_fingerprint);
+    store_record_clear(&rec);
+    /* Any raw fingerprint: the canonical one decides. */
+    assert_int_equal(acquire2(f->st, "old", 'c', 'x', &o), STORE_MISMATCH);
+    assert_int_equal(acquire2(f->st, "old", 's', 'c', &o), STORE_BUSY);
+
+    assert_int_equal(complete(f->st, "old", lease, 60000, "done"), STORE_DONE);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_false(rec.has_raw_fingerprint);
+    store_record_clear(&rec);
+    assert_int_equal(acquire2(f->st, "old", 's', 'c', &o), STORE_REPLAY);
+    store_record_clear(&o.replay);
+    assert_int_equal(acquire2(f->st, "old", 'c', 'x', &o), STORE_MISMATCH);
+
+    /* Expired, it is purged like any record. */
+    advance(f, 120000);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(records_in(f->st), 0);
+}
+
 static void test_same_key_two_scopes_two_records(void **state)
 {
     struct fixture *f = *state;
@@ -867,6 +1096,44 @@ static void prep(struct store_op *op, enum store_op_kind kind, const char *name,
     op->lease_ms = 1000;
     op->ttl_ms = 60000;
     op->status = 200;
+}
+
+static int cmp_lease(const void *a, const void *b)
+{
+    return memcmp(a, b, STORE_LEASE_ID_BYTES);
+}
+
+/* Lease ids come from a buffer of random bytes refilled 4 KiB (256 ids) at
+ * a time: across several refills, in batches and one by one, every id is
+ * new, and none is all zeros (an unfilled buffer). */
+#define LEASE_KEYS 1000
+
+static void test_lease_ids_unique_across_refills(void **state)
+{
+    struct fixture *f = *state;
+    static uint8_t ids[LEASE_KEYS][STORE_LEASE_ID_BYTES];
+    static const uint8_t zero[STORE_LEASE_ID_BYTES];
+    struct store_op ops[100];
+    int n = 0;
+
+    while (n < LEASE_KEYS) {
+        size_t batch = n < LEASE_KEYS / 2 ? 1 : 100;
+        for (size_t i = 0; i < batch; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "lease-%d", n + (int)i);
+            prep(&ops[i], STORE_OP_ACQUIRE, name, 'a');
+        }
+        assert_int_equal(store_apply(f->st, ops, batch), 0);
+        for (size_t i = 0; i < batch; i++) {
+            assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+            assert_memory_not_equal(ops[i].lease_id, zero, STORE_LEASE_ID_BYTES);
+            memcpy(ids[n++], ops[i].lease_id, STORE_LEASE_ID_BYTES);
+        }
+    }
+    qsort(ids, LEASE_KEYS, STORE_LEASE_ID_BYTES, cmp_lease);
+    for (int i = 1; i < LEASE_KEYS; i++) {
+        assert_memory_not_equal(ids[i - 1], ids[i], STORE_LEASE_ID_BYTES);
+    }
 }
 
 static void test_group_apply_one_txn_in_order(void **state)
@@ -1463,6 +1730,10 @@ static void assert_records_equal(const struct store_record *a, const struct stor
     assert_int_equal(a->lease_expires_ms, b->lease_expires_ms);
     assert_int_equal(a->expires_ms, b->expires_ms);
     assert_memory_equal(a->fingerprint, b->fingerprint, STORE_FINGERPRINT_BYTES);
+    assert_int_equal(a->has_raw_fingerprint, b->has_raw_fingerprint);
+    if (a->has_raw_fingerprint) {
+        assert_memory_equal(a->raw_fingerprint, b->raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    }
     assert_int_equal(a->status, b->status);
     assert_int_equal(a->headers_len, b->headers_len);
     assert_int_equal(a->body_len, b->body_len);
@@ -1550,6 +1821,88 @@ static void put_le64(uint8_t *p, uint64_t v)
     for (int i = 0; i < 8; i++) {
         p[i] = (uint8_t)(v >> (8 * i));
     }
+}
+
+/* Version 2: the raw fingerprint follows the canonical one, and the rest
+ * moves down by its 32 bytes. */
+static void test_record_v2_round_trip(void **state)
+{
+    uint8_t headers[] = {'a', 0, 'b'};
+    uint8_t body[] = {0, 1, 0xff};
+    struct store_record in;
+    struct store_record back;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+
+    (void)state;
+    sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
+    in.has_raw_fingerprint = true;
+    fp_of(0x5a, in.raw_fingerprint);
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    assert_int_equal(len, 98 + 4 + 8 + sizeof(headers) + 8 + sizeof(body));
+    assert_int_equal(buf[0], 2);
+    assert_int_equal(buf[34], 0xfe); /* canonical fingerprint */
+    assert_int_equal(buf[65], 0xfe);
+    assert_int_equal(buf[66], 0x5a); /* raw fingerprint */
+    assert_int_equal(buf[97], 0x5a);
+    assert_int_equal(buf[98], 599 & 0xff); /* status */
+    assert_int_equal(store_record_decode(buf, len, &back), 0);
+    assert_true(back.has_raw_fingerprint);
+    assert_records_equal(&in, &back);
+    store_record_clear(&back);
+    free(buf);
+
+    /* IN_PROGRESS: the fixed part only. */
+    in.state = STORE_STATE_IN_PROGRESS;
+    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+    assert_int_equal(len, 98);
+    assert_int_equal(store_record_decode(buf, len, &back), 0);
+    assert_true(back.has_raw_fingerprint);
+    assert_memory_equal(back.raw_fingerprint, in.raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    store_record_clear(&back);
+    /* A version-2 record cut to version 1's size does not decode. */
+    buf[0] = 2;
+    assert_int_equal(store_record_decode(buf, 66, &back), STORE_ECORRUPT);
+    free(buf);
+}
+
+/* A version-1 record, byte by byte as the code before version 2 wrote it:
+ * it decodes, without a raw fingerprint, and re-encodes to the same bytes. */
+static void test_record_v1_still_decodes(void **state)
+{
+    uint8_t v1[66 + 4 + 8 + 2 + 8 + 3];
+    struct store_record rec;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+
+    (void)state;
+    memset(v1, 0, sizeof(v1));
+    v1[0] = 1;
+    v1[1] = STORE_STATE_COMPLETE;
+    memset(v1 + 2, 0x07, STORE_LEASE_ID_BYTES);
+    put_le64(v1 + 18, 1000);
+    put_le64(v1 + 26, 2000);
+    memset(v1 + 34, 0xcc, STORE_FINGERPRINT_BYTES);
+    v1[66] = 201;
+    put_le64(v1 + 70, 2);
+    memcpy(v1 + 78, "hh", 2);
+    put_le64(v1 + 80, 3);
+    memcpy(v1 + 88, "bbb", 3);
+    assert_int_equal(store_record_decode(v1, sizeof(v1), &rec), 0);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_false(rec.has_raw_fingerprint);
+    assert_int_equal(rec.fingerprint[0], 0xcc);
+    assert_int_equal(rec.lease_expires_ms, 1000);
+    assert_int_equal(rec.expires_ms, 2000);
+    assert_int_equal(rec.status, 201);
+    assert_int_equal(rec.headers_len, 2);
+    assert_int_equal(rec.body_len, 3);
+    assert_memory_equal(rec.body, "bbb", 3);
+    assert_int_equal(store_record_encode(&rec, &buf, &len), 0);
+    assert_int_equal(len, sizeof(v1));
+    assert_memory_equal(buf, v1, sizeof(v1));
+    free(buf);
+    store_record_clear(&rec);
 }
 
 static void test_record_decode_rejects_malformed(void **state)
@@ -1643,8 +1996,14 @@ static void test_record_decode_mutants(void **state)
 
     (void)state;
     sample_complete(&in, headers, sizeof(headers), body, sizeof(body));
-    assert_int_equal(store_record_encode(&in, &buf, &len), 0);
-    for (int iter = 0; iter < 20000; iter++) {
+    for (int iter = 0; iter < 40000; iter++) {
+        if (iter == 0 || iter == 20000) {
+            /* version 1 first, then version 2 (with a raw fingerprint) */
+            in.has_raw_fingerprint = iter != 0;
+            fp_of(0x5a, in.raw_fingerprint);
+            free(buf);
+            assert_int_equal(store_record_encode(&in, &buf, &len), 0);
+        }
         uint8_t *m = malloc(len);
         struct store_record rec;
         size_t mlen = len;
@@ -1710,6 +2069,9 @@ int main(void)
         STORE_TEST(test_purge_keeps_completed_after_move),
         STORE_TEST(test_purge_in_bounded_batches),
         STORE_TEST(test_concurrent_acquire_one_winner),
+        STORE_TEST(test_acquire_raw_then_canonical),
+        STORE_TEST(test_lease_ids_unique_across_refills),
+        STORE_TEST(test_v1_record_in_store),
         STORE_TEST(test_same_key_two_scopes_two_records),
         STORE_TEST(test_group_apply_one_txn_in_order),
         STORE_TEST(test_apply_rejects_bad_ops_untouched),
@@ -1725,7 +2087,11 @@ int main(void)
         STORE_TEST(test_store_full_of_answers_still_purges),
         STORE_TEST(test_purge_shrinks_its_batch_when_full),
         cmocka_unit_test(test_key_derive),
+        cmocka_unit_test(test_sha256_known_answers),
+        cmocka_unit_test(test_sha256_threads),
         cmocka_unit_test(test_record_round_trip),
+        cmocka_unit_test(test_record_v2_round_trip),
+        cmocka_unit_test(test_record_v1_still_decodes),
         cmocka_unit_test(test_record_decode_rejects_malformed),
         cmocka_unit_test(test_record_decode_mutants),
         cmocka_unit_test(test_names),
