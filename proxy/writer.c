@@ -12,8 +12,30 @@
 #include <string.h>
 #include <time.h>
 
-#define PURGE_BATCH 512
-#define PURGE_ROUNDS_PER_TICK 8
+/*
+ * Purging is spread thin so that a request batch never waits behind more
+ * than a little of it. Once purge work is due (every purge_interval, or at
+ * once when the store is full) and for as long as the store says more is
+ * due (a backlog), every request batch's transaction also purges a share
+ * (store_apply_purge: one commit, one fsync for both), and when no request
+ * is queued the writer purges one chunk in a transaction of its own, then
+ * looks at the queue again. Both sizes follow a time budget: a share is
+ * halved when its batch took longer than PURGE_BATCH_BUDGET_US and doubled
+ * when it took less than half of it (so a busy writer purges less per
+ * batch, an idle one more), and likewise an idle chunk with
+ * PURGE_IDLE_BUDGET_US. Time rather than a count, because what a deleted
+ * record costs depends on the store: mostly one 4 KiB leaf page written at
+ * commit, ~18 us of writer time with durability "sync" on a store of
+ * 1,000,000 records, ~3 us without the fsync (docs/benchmarks.md, Purge).
+ * After STORE_FULL the writer purges PURGE_FULL_BATCH x PURGE_FULL_ROUNDS
+ * records at once, as the store needs room right away.
+ */
+#define PURGE_BATCH_BUDGET_US 3000
+#define PURGE_IDLE_BUDGET_US 2000
+#define PURGE_CHUNK_MIN 8
+#define PURGE_CHUNK_MAX 1024
+#define PURGE_FULL_BATCH 512
+#define PURGE_FULL_ROUNDS 8
 #define READER_CHECK_EVERY_MS 10000
 
 struct writer {
@@ -29,6 +51,9 @@ struct writer {
     /* writer-thread only */
     struct writer_job **jobs;
     struct store_op *ops;
+    bool purge_due;     /* purge work is due: an interval tick, STORE_FULL or "more" */
+    size_t batch_share; /* purge budget per request batch, adapted to its time budget */
+    size_t idle_chunk;  /* records per idle purge transaction, likewise */
 
     pthread_mutex_t stats_lock;
     struct writer_stats stats;
@@ -52,26 +77,77 @@ static void deadline_ts(int64_t delay_ms, struct timespec *ts)
     }
 }
 
-static void run_purge(struct writer *w)
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Halves or doubles a purge size so that the transaction it rides in takes
+ * about budget_us; called only while a backlog remains (more), since a
+ * transaction that ran out of due records says nothing about the size. */
+static void adapt_chunk(size_t *chunk, int64_t took_us, int64_t budget_us)
+{
+    if (took_us > budget_us && *chunk > PURGE_CHUNK_MIN)
+        *chunk /= 2;
+    else if (took_us < budget_us / 2 && *chunk < PURGE_CHUNK_MAX)
+        *chunk *= 2;
+}
+
+static void count_purged(struct writer *w, size_t purged)
+{
+    pthread_mutex_lock(&w->stats_lock);
+    w->stats.purged += purged;
+    pthread_mutex_unlock(&w->stats_lock);
+}
+
+/* The store reported STORE_FULL: make room now, in bigger batches. */
+static void purge_full(struct writer *w)
 {
     size_t total = 0;
-    for (int round = 0; round < PURGE_ROUNDS_PER_TICK; round++) {
+    bool more = false;
+
+    for (int round = 0; round < PURGE_FULL_ROUNDS; round++) {
         size_t purged = 0;
-        bool more = false;
-        if (store_purge(w->opt.store, PURGE_BATCH, &purged, &more) != 0)
+        if (store_purge(w->opt.store, PURGE_FULL_BATCH, &purged, &more) != 0) {
+            more = false;
             break;
+        }
         total += purged;
         if (!more)
             break;
     }
-    pthread_mutex_lock(&w->stats_lock);
-    w->stats.purged += total;
-    pthread_mutex_unlock(&w->stats_lock);
+    w->purge_due = more;
+    count_purged(w, total);
+}
+
+/* No request is queued: one purge transaction of its own, sized so that a
+ * request arriving meanwhile waits about PURGE_IDLE_BUDGET_US at most, on a
+ * small store or a large one. A failed purge (the disk, say) waits for the
+ * next interval. */
+static void purge_idle(struct writer *w)
+{
+    size_t purged = 0;
+    bool more = false;
+    int64_t start_us = mono_us();
+    int64_t took_us;
+
+    if (store_purge(w->opt.store, w->idle_chunk, &purged, &more) != 0)
+        more = false;
+    took_us = mono_us() - start_us;
+    if (more)
+        adapt_chunk(&w->idle_chunk, took_us, PURGE_IDLE_BUDGET_US);
+    w->purge_due = more;
+    count_purged(w, purged);
 }
 
 static void apply_batch(struct writer *w, struct writer_job *list)
 {
     size_t n = 0;
+    size_t purged = 0;
+    bool more = false;
+    int64_t start_us;
     int rc;
     bool full = false;
 
@@ -79,7 +155,16 @@ static void apply_batch(struct writer *w, struct writer_job *list)
         w->jobs[n++] = j;
     for (size_t i = 0; i < n; i++)
         w->ops[i] = w->jobs[i]->op;
-    rc = store_apply(w->opt.store, w->ops, n);
+    /* While purge work is due, a bounded share of it rides along in this
+     * transaction; it never changes what the ops get (store.h). */
+    start_us = mono_us();
+    rc = store_apply_purge(w->opt.store, w->ops, n, w->purge_due ? w->batch_share : 0, &purged,
+                           &more);
+    if (w->purge_due) {
+        w->purge_due = rc == 0 && more;
+        if (w->purge_due)
+            adapt_chunk(&w->batch_share, mono_us() - start_us, PURGE_BATCH_BUDGET_US);
+    }
     for (size_t i = 0; i < n; i++) {
         /* The op array is a copy; hand the outcome back, including any
          * replay record the store allocated (now owned by the job). */
@@ -93,10 +178,11 @@ static void apply_batch(struct writer *w, struct writer_job *list)
     w->stats.ops += n;
     if (n > w->stats.max_batch)
         w->stats.max_batch = n;
+    w->stats.purged += purged;
     pthread_mutex_unlock(&w->stats_lock);
     w->opt.deliver(w->jobs, n, w->opt.ctx);
     if (full)
-        run_purge(w);
+        purge_full(w);
 }
 
 static void *writer_main(void *arg)
@@ -116,7 +202,8 @@ static void *writer_main(void *arg)
         int64_t now;
 
         pthread_mutex_lock(&w->lock);
-        while (w->head == NULL && !w->stopping && !w->purge_now) {
+        /* With purge work due, an empty queue is time to purge: no wait. */
+        while (w->head == NULL && !w->stopping && !w->purge_now && !w->purge_due) {
             int64_t wake = next_purge;
             struct timespec ts;
             if (next_sync != 0 && next_sync < wake)
@@ -152,13 +239,16 @@ static void *writer_main(void *arg)
         w->purge_now = false;
         pthread_mutex_unlock(&w->lock);
 
-        if (list != NULL)
-            apply_batch(w, list);
         now = mono_ms();
         if (purge_now || now >= next_purge) {
-            run_purge(w);
+            w->purge_due = true;
             next_purge = now + w->opt.purge_interval_ms;
         }
+        if (list != NULL)
+            apply_batch(w, list);
+        else if (w->purge_due && !stop)
+            purge_idle(w);
+        now = mono_ms();
         if (next_sync != 0 && now >= next_sync) {
             store_sync(w->opt.store);
             next_sync = now + w->opt.sync_interval_ms;
@@ -188,6 +278,8 @@ int writer_start(const struct writer_options *opt, struct writer **out)
         w->opt.max_batch = 1024;
     if (w->opt.purge_interval_ms <= 0)
         w->opt.purge_interval_ms = 60000;
+    w->batch_share = 32;
+    w->idle_chunk = 32;
     w->jobs = calloc(w->opt.max_batch, sizeof(*w->jobs));
     w->ops = calloc(w->opt.max_batch, sizeof(*w->ops));
     if (w->jobs == NULL || w->ops == NULL)

@@ -5,9 +5,14 @@
  * the jobs queued since its last transaction and applies them in ONE write
  * transaction (store_apply), so durability "sync" costs one fsync per batch
  * rather than one per request: while a batch syncs, the next one queues.
- * The same thread purges expired records (every purge_interval, in bounded
- * batches, and at once when the store reports full), clears stale reader
- * slots, and, with durability "interval", syncs every sync_interval.
+ * The same thread purges expired records: every purge_interval (and at once
+ * when the store reports full) purge work becomes due, and while the store
+ * says more is due, each batch's transaction carries a share of it
+ * (store_apply_purge) and an empty queue is used for a purge chunk of its
+ * own; both sizes follow a time budget (writer.c), so a backlog drains
+ * without waiting an interval per chunk and a batch never waits behind
+ * more than a few milliseconds of purging. It also clears stale reader
+ * slots and, with durability "interval", syncs every sync_interval.
  *
  * Threads: writer_submit() is thread-safe and never blocks on I/O. The
  * deliver callback runs on the writer thread, once per batch, after commit.

@@ -175,7 +175,15 @@ static bool op_valid(const struct store_op *op)
 
 int store_apply(struct store *st, struct store_op *ops, size_t n)
 {
+    return store_apply_purge(st, ops, n, 0, NULL, NULL);
+}
+
+int store_apply_purge(struct store *st, struct store_op *ops, size_t n, size_t max_purge,
+                      size_t *purged, bool *more)
+{
     int rc = STORE_EINVAL;
+    size_t purged_local = 0;
+    bool more_local = false;
 
     if (st == NULL || (ops == NULL && n > 0)) {
         goto out;
@@ -186,10 +194,27 @@ int store_apply(struct store *st, struct store_op *ops, size_t n)
         }
     }
     rc = STORE_OK;
-    if (n > 0) {
-        rc = st->ops->apply(st->impl, ops, n);
+    if (max_purge > 0 && st->ops->apply_purge != NULL) {
+        rc = st->ops->apply_purge(st->impl, ops, n, max_purge, &purged_local, &more_local);
+    } else {
+        if (n > 0) {
+            rc = st->ops->apply(st->impl, ops, n);
+        }
+        /* A backend without the shared form purges in a transaction of its
+         * own; as there, a failing purge does not fail the ops. */
+        if (rc == STORE_OK && max_purge > 0 &&
+            st->ops->purge(st->impl, max_purge, &purged_local, &more_local) != STORE_OK) {
+            purged_local = 0;
+            more_local = false;
+        }
     }
 out:
+    if (purged != NULL) {
+        *purged = purged_local;
+    }
+    if (more != NULL) {
+        *more = more_local;
+    }
     return rc;
 }
 

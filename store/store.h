@@ -185,6 +185,9 @@ struct store_ops {
     int (*open)(const struct store_options *opt, void **impl, char *err, size_t errlen);
     void (*close)(void *impl);
     int (*apply)(void *impl, struct store_op *ops, size_t n);
+    /* Optional (NULL: store_apply_purge() runs apply, then purge). */
+    int (*apply_purge)(void *impl, struct store_op *ops, size_t n, size_t max_purge, size_t *purged,
+                       bool *more);
     int (*get)(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
     int (*purge)(void *impl, size_t max_records, size_t *purged, bool *more);
     int (*reader_check)(void *impl, int *cleared);
@@ -216,6 +219,20 @@ void store_close(struct store *st);
  * decode fails it with STORE_ECORRUPT. The replay field of every op is
  * overwritten: clear a previous replay first. */
 int store_apply(struct store *st, struct store_op *ops, size_t n);
+
+/* store_apply() with purging on the side: after the ops, and in the same
+ * write transaction (sharing its commit and, with sync, its fsync), deletes
+ * up to max_purge purgeable records as store_purge() would (the same rules,
+ * oldest expiry first; max_purge counts index entries handled, so *purged
+ * may be less). The return value and every op's outcome are exactly those of
+ * store_apply(ops, n): the purge part is best effort, and when it fails (a
+ * full map, an I/O error) the transaction is run again without it and
+ * *purged is 0 and *more false. *more is set when records were still due
+ * once the budget ran out. n may be 0 (then it is a purge of max_purge in one
+ * transaction whose errors are not reported); max_purge 0 is store_apply().
+ * purged and more may be NULL. */
+int store_apply_purge(struct store *st, struct store_op *ops, size_t n, size_t max_purge,
+                      size_t *purged, bool *more);
 
 /* Reads a record without the writer. Returns 0 and fills *out (state ABSENT
  * when there is none, or when it is a COMPLETE record past its TTL, which is

@@ -661,17 +661,40 @@ out:
     return rc;
 }
 
-/* Applies ops[0..n) in one write transaction. On any failure nothing is
- * committed and res[] is cleared. */
+static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
+                       size_t *deleted, bool *more, bool *changed);
+
+/* Purge work that rides along in a batch's transaction (store_apply_purge):
+ * the budget in, what it did out. failed says the purge part failed, after
+ * which the transaction is lost and the ops must run again without it. */
+struct purge_share {
+    size_t max_records;
+    size_t deleted;
+    bool more;
+    bool failed;
+};
+
+/* Applies ops[0..n) in one write transaction, then, with a purge share, up
+ * to its budget of purge steps in the same transaction, so that they share
+ * its commit (and fsync). On any failure nothing is committed and res[] is
+ * cleared. The ops run first and fail exactly as they would alone; only
+ * once they all succeeded may the purge part fail the transaction, and it
+ * then says so in ps->failed. */
 static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
-                     size_t n)
+                     size_t n, struct purge_share *ps)
 {
     MDB_txn *txn = NULL;
     int64_t now;
     struct space sp;
+    bool purging = false;
     int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     memset(&sp, 0, sizeof(sp));
+    if (ps != NULL) {
+        ps->deleted = 0;
+        ps->more = false;
+        ps->failed = false;
+    }
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
@@ -689,11 +712,25 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
     if (rc != STORE_OK) {
         goto out;
     }
+    if (ps != NULL && ps->max_records > 0) {
+        rc = purge_steps(s, txn, now, ps->max_records, &ps->deleted, &ps->more, &purging);
+        if (rc != STORE_OK) {
+            ps->failed = true;
+            goto out;
+        }
+    }
+    if (n == 0 && !purging) {
+        goto out; /* nothing to commit: abort, no disk write */
+    }
     rc = map_err(LMDB_COMMIT(txn)); /* frees txn, even when it fails */
     txn = NULL;
     if (rc == STORE_OK) {
         atomic_fetch_add(&s->commits, 1);
         atomic_fetch_add(&s->ops_committed, (uint64_t)n);
+    } else if (rc == STORE_EFULL && purging) {
+        /* The pages the purge freed must be listed at commit, and that
+         * may be what did not fit: the ops alone might. */
+        ps->failed = true;
     }
 out:
     if (txn != NULL) {
@@ -702,6 +739,10 @@ out:
     if (rc != STORE_OK) {
         for (size_t i = 0; i < n; i++) {
             result_clear(&res[i]);
+        }
+        if (ps != NULL) {
+            ps->deleted = 0;
+            ps->more = false;
         }
     }
     return rc;
@@ -763,7 +804,7 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
      * after a hard error so is every later op (that error would repeat;
      * a corrupt record concerns its own op only). */
     for (size_t i = 0; i < n; i++) {
-        int rc = hard ? STORE_EIO : run_batch(s, &ops[i], &res[i], 1);
+        int rc = hard ? STORE_EIO : run_batch(s, &ops[i], &res[i], 1, NULL);
         if (rc != STORE_OK) {
             res[i].outcome = STORE_FULL;
             hard = hard || (rc != STORE_EFULL && rc != STORE_ECORRUPT);
@@ -772,14 +813,22 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     return STORE_OK;
 }
 
-static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
+/* store_apply_purge(): the ops as store_apply() would apply them, plus up to
+ * max_purge purge steps in the same transaction. The purge is best effort:
+ * when its part fails (a full map, a disk error), the transaction is run
+ * again without it, so what the ops get never depends on the purge. */
+static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t max_purge,
+                            size_t *purged, bool *more)
 {
     struct lmdb_store *s = impl;
     struct op_result one;
     struct op_result *res = &one;
+    struct purge_share ps;
     int rc = STORE_OK;
 
     memset(&one, 0, sizeof(one));
+    memset(&ps, 0, sizeof(ps));
+    ps.max_records = max_purge;
     if (n > 1) {
         res = calloc(n, sizeof(*res));
         if (res == NULL) {
@@ -787,7 +836,11 @@ static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
             goto out;
         }
     }
-    rc = run_batch(s, ops, res, n);
+    rc = run_batch(s, ops, res, n, &ps);
+    if (ps.failed) {
+        ps.max_records = 0;
+        rc = run_batch(s, ops, res, n, &ps);
+    }
     if (rc == STORE_EFULL) {
         rc = apply_after_full(s, ops, res, n);
     }
@@ -808,7 +861,16 @@ out:
     if (res != &one) {
         free(res);
     }
+    *purged = rc == STORE_OK ? ps.deleted : 0;
+    *more = rc == STORE_OK && ps.more;
     return rc;
+}
+
+static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
+{
+    size_t purged = 0;
+    bool more = false;
+    return lmdb_apply_purge(impl, ops, n, 0, &purged, &more);
 }
 
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
@@ -835,27 +897,27 @@ out:
     return rc;
 }
 
-/* One purge transaction. Each step takes the first index entry again rather
- * than walking a cursor: every entry handled leaves the due range (deleted,
- * or moved past now), so the first entry is always the next one due. */
-static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
+/* The purge steps of one write transaction: up to max_records due index
+ * entries, deleting what is purgeable. Each step takes the first index entry
+ * again rather than walking a cursor: every entry handled leaves the due
+ * range (deleted, or moved past now), so the first entry is always the next
+ * one due. *changed says whether anything was written (the caller commits
+ * only then); *more whether entries were still due when the budget ran out.
+ * On an error the transaction must be aborted (after a failed put or delete
+ * LMDB accepts nothing else). */
+static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
+                       size_t *deleted, bool *more, bool *changed)
 {
-    MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     size_t handled = 0;
-    size_t deleted = 0;
-    bool changed = false;
-    int64_t now;
-    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
+    int rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->expiry, &cur)));
 
-    *purged = 0;
+    *deleted = 0;
     *more = false;
+    *changed = false;
     if (rc != STORE_OK) {
-        txn = NULL;
-        goto out;
+        cur = NULL;
     }
-    now = now_ms(s);
-    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->expiry, &cur)));
     while (rc == STORE_OK) {
         MDB_val kv;
         MDB_val dv;
@@ -877,7 +939,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             /* Not an entry this code writes; drop it so it cannot block the
              * head of the index. */
             rc = map_err(LMDB_WRITE(mdb_cursor_del(cur, 0)));
-            changed = true;
+            *changed = true;
             continue;
         }
         memcpy(ik, kv.mv_data, INDEX_KEY_BYTES); /* copied: pages change below */
@@ -890,7 +952,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             break;
         }
         handled++;
-        changed = true;
+        *changed = true;
         rc = record_load(s, txn, key, &v, &found);
         if (rc == STORE_ECORRUPT) {
             /* An undecodable record can never be served, and its due entry
@@ -898,7 +960,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             rc = record_del(s, txn, key);
             if (rc == STORE_OK) {
                 rc = index_del(s, txn, t, key);
-                deleted++;
+                (*deleted)++;
             }
             continue;
         }
@@ -914,7 +976,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
             if (rc == STORE_OK) {
                 rc = index_del(s, txn, t, key);
             }
-            deleted++;
+            (*deleted)++;
         } else {
             /* IN_PROGRESS past its TTL under a live lease: a long action is
              * never purged out from under itself (seed 000). Its expiry
@@ -942,6 +1004,28 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     if (cur != NULL) {
         mdb_cursor_close(cur);
     }
+    if (rc != STORE_OK) {
+        *deleted = 0;
+        *more = false;
+    }
+    return rc;
+}
+
+/* One purge transaction of its own. */
+static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
+{
+    MDB_txn *txn = NULL;
+    size_t deleted = 0;
+    bool changed = false;
+    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
+
+    *purged = 0;
+    *more = false;
+    if (rc != STORE_OK) {
+        txn = NULL;
+        goto out;
+    }
+    rc = purge_steps(s, txn, now_ms(s), max_records, &deleted, more, &changed);
     if (rc != STORE_OK || !changed) {
         goto out; /* nothing to commit: abort, no disk write */
     }
@@ -1313,6 +1397,7 @@ const struct store_ops store_lmdb_ops = {
     .open = lmdb_open,
     .close = lmdb_close,
     .apply = lmdb_apply,
+    .apply_purge = lmdb_apply_purge,
     .get = lmdb_get,
     .purge = lmdb_purge,
     .reader_check = lmdb_reader_check,

@@ -25,6 +25,9 @@
 
 #include "store.h"
 #include "store_sha256.h"
+#ifdef IDEM_FAULT_INJECTION
+#include "store_fault.h"
+#endif
 
 #define T0 1700000000000LL /* any epoch works; this one looks like real time */
 
@@ -734,6 +737,166 @@ static void test_purge_in_bounded_batches(void **state)
     assert_int_equal(store_stats(f->st, &after), 0);
     assert_int_equal(after.commits, before.commits);
 }
+
+/* store_apply_purge(): the ops, then up to max_purge purge steps, all in one
+ * transaction; the same purge rules as store_purge(). */
+static void test_apply_purge_shares_the_transaction(void **state)
+{
+    struct fixture *f = *state;
+    struct store_stats before;
+    struct store_stats after;
+    struct store_op held;
+    struct store_op op;
+    size_t purged = 0;
+    bool more = false;
+
+    fill_completed(f->st, "short", 100, 1000);
+    fill_completed(f->st, "long", 5, 100000);
+    /* TTL elapses first, lease stays live: handled (moved), never deleted. */
+    assert_int_equal(acquire(f->st, "held", 'a', 100000, 500, &held), STORE_ACQUIRED);
+    advance(f, 1000);
+
+    memset(&op, 0, sizeof(op));
+    op.kind = STORE_OP_ACQUIRE;
+    key_of("new", op.key);
+    fp_of('a', op.fingerprint);
+    op.lease_ms = 1000;
+    op.ttl_ms = 1000;
+    assert_int_equal(store_stats(f->st, &before), 0);
+    assert_int_equal(store_apply_purge(f->st, &op, 1, 40, &purged, &more), 0);
+    assert_int_equal(op.outcome, STORE_ACQUIRED);
+    assert_int_equal(purged, 39); /* 40 entries handled: "held" moved, 39 deleted */
+    assert_true(more);
+    assert_int_equal(store_stats(f->st, &after), 0);
+    assert_int_equal(after.commits, before.commits + 1);
+    assert_int_equal(after.records, 1 + 100 + 5 + 1 - 39);
+
+    /* No ops: a purge of its own, one transaction each. */
+    assert_int_equal(store_apply_purge(f->st, NULL, 0, 40, &purged, &more), 0);
+    assert_int_equal(purged, 40);
+    assert_true(more);
+    assert_int_equal(store_apply_purge(f->st, NULL, 0, 40, &purged, &more), 0);
+    assert_int_equal(purged, 21);
+    assert_false(more);
+    assert_int_equal(records_in(f->st), 7);
+    assert_int_equal(state_of(f->st, "held"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "new"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "long0"), STORE_STATE_COMPLETE);
+
+    /* Nothing due: no write transaction at all; max_purge 0 is store_apply. */
+    assert_int_equal(store_stats(f->st, &before), 0);
+    assert_int_equal(store_apply_purge(f->st, NULL, 0, 40, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_false(more);
+    assert_int_equal(store_stats(f->st, &after), 0);
+    assert_int_equal(after.commits, before.commits);
+    op.kind = STORE_OP_RELEASE; /* lease_id is the one the acquire drew */
+    assert_int_equal(store_apply_purge(f->st, &op, 1, 0, &purged, &more), 0);
+    assert_int_equal(op.outcome, STORE_DONE);
+    assert_int_equal(purged, 0);
+    assert_int_equal(state_of(f->st, "new"), STORE_STATE_ABSENT);
+
+    /* Bad ops fail the call before anything, purge included, is done. */
+    advance(f, 1000000);
+    op.kind = STORE_OP_ACQUIRE;
+    op.ttl_ms = 0;
+    assert_int_equal(store_apply_purge(f->st, &op, 1, 40, &purged, &more), STORE_EINVAL);
+    assert_int_equal(purged, 0);
+    assert_int_equal(records_in(f->st), 6);
+    assert_int_equal(store_apply_purge(NULL, NULL, 0, 40, &purged, &more), STORE_EINVAL);
+}
+
+#ifdef IDEM_FAULT_INJECTION
+/* One acquire plus a purge of 10 over a fresh store holding 20 expired
+ * answers, with the Nth LMDB call (mode "eio") or put/delete ("full")
+ * failing; nth 0 fails none. Reports the calls counted. */
+static int faulty_apply_purge(struct fixture *f, const char *mode, uint64_t nth, size_t max_purge,
+                              struct store_op *op, size_t *purged, uint64_t *records,
+                              uint64_t *calls)
+{
+    char path[256];
+    char nth_text[32];
+    struct store *st = NULL;
+    bool more = false;
+    int rc;
+
+    snprintf(path, sizeof(path), "%s/fault-%s-%llu-%zu", f->dir, mode, (unsigned long long)nth,
+             max_purge);
+    set_now(f, T0);
+    assert_int_equal(open_at(f, path, 0, &st), 0);
+    fill_completed(st, "old", 20, 1000);
+    set_now(f, T0 + 1000);
+    memset(op, 0, sizeof(*op));
+    op->kind = STORE_OP_ACQUIRE;
+    key_of("new", op->key);
+    fp_of('a', op->fingerprint);
+    op->lease_ms = 1000;
+    op->ttl_ms = 1000;
+
+    snprintf(nth_text, sizeof(nth_text), "%llu", (unsigned long long)nth);
+    setenv("IDEM_FAULT_LMDB_NTH", nth_text, 1);
+    setenv("IDEM_FAULT_LMDB_ERR", mode, 1);
+    store_fault_arm();
+    rc = store_apply_purge(st, op, 1, max_purge, purged, &more);
+    *calls = strcmp(mode, "full") == 0 ? store_fault_lmdb_write_calls() : store_fault_lmdb_calls();
+    setenv("IDEM_FAULT_LMDB_NTH", "0", 1);
+    store_fault_arm(); /* disarmed: counts, never fails */
+    (void)more;
+    *records = records_in(st);
+    store_close(st);
+    return rc;
+}
+
+/* Whatever fails in the purge part (a read, a delete, MDB_MAP_FULL), the
+ * ops commit exactly as store_apply() would commit them, and none of the
+ * purge does; a failure in the ops part or the commit fails them as before. */
+static void test_apply_purge_failure_leaves_ops_alone(void **state)
+{
+    static const char *const modes[] = {"eio", "full"};
+    struct fixture *f = *state;
+
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        const char *mode = modes[m];
+        bool full = strcmp(mode, "full") == 0;
+        struct store_op op;
+        size_t purged = 0;
+        uint64_t records = 0;
+        uint64_t ops_calls = 0;
+        uint64_t all_calls = 0;
+
+        /* Fault-free: how many calls the ops alone make, and with the purge. */
+        assert_int_equal(faulty_apply_purge(f, mode, 0, 0, &op, &purged, &records, &ops_calls), 0);
+        assert_int_equal(records, 21);
+        assert_int_equal(faulty_apply_purge(f, mode, 0, 10, &op, &purged, &records, &all_calls), 0);
+        assert_int_equal(purged, 10);
+        assert_int_equal(records, 11);
+        assert_true(all_calls > ops_calls + 10);
+
+        for (uint64_t nth = 1; nth <= all_calls; nth++) {
+            uint64_t calls = 0;
+            int rc = faulty_apply_purge(f, mode, nth, 10, &op, &purged, &records, &calls);
+            /* eio: calls 1..ops_calls-1 are the ops' (begin, reads, puts),
+             * the last one is the commit. full: puts and deletes only, the
+             * ops' first (a full map there purges on its own, as before). */
+            bool in_ops = full ? nth <= ops_calls : nth < ops_calls;
+            bool commit = !full && nth == all_calls;
+            if (in_ops && full) {
+                continue; /* store_apply's own purge-on-full: its tests */
+            }
+            if (in_ops || commit) {
+                assert_true(rc < 0);
+                assert_int_equal(records, 20);
+                assert_int_equal(purged, 0);
+                continue;
+            }
+            assert_int_equal(rc, 0);
+            assert_int_equal(op.outcome, STORE_ACQUIRED);
+            assert_int_equal(purged, 0);
+            assert_int_equal(records, 21);
+        }
+    }
+}
+#endif
 
 /* ---- concurrency, scopes, batches --------------------------------------- */
 
@@ -2068,6 +2231,10 @@ int main(void)
         STORE_TEST(test_purge_in_progress_rules),
         STORE_TEST(test_purge_keeps_completed_after_move),
         STORE_TEST(test_purge_in_bounded_batches),
+        STORE_TEST(test_apply_purge_shares_the_transaction),
+#ifdef IDEM_FAULT_INJECTION
+        STORE_TEST(test_apply_purge_failure_leaves_ops_alone),
+#endif
         STORE_TEST(test_concurrent_acquire_one_winner),
         STORE_TEST(test_acquire_raw_then_canonical),
         STORE_TEST(test_lease_ids_unique_across_refills),

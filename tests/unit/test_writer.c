@@ -1,0 +1,314 @@
+/*
+ * test_writer.c - the store writer's purging (proxy/writer.h): a backlog of
+ * expired records is purged to the end once purge work is due, in bounded
+ * chunks, without waiting a purge_interval per chunk, both on an idle writer
+ * and between (and inside) request batches; live records stay; the writer's
+ * `purged` count is exact; every job is delivered.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store.h"
+#include "writer.h"
+
+#define T0 1700000000000LL
+#define EXPIRED 20000 /* five times what the old 8 x 512 per interval could purge */
+#define LIVE 50
+#define INTERVAL_MS 1000
+
+struct fake_clock {
+    _Atomic int64_t now;
+};
+
+static int64_t fake_now(void *ctx)
+{
+    struct fake_clock *c = ctx;
+    return atomic_load(&c->now);
+}
+
+struct fixture {
+    char dir[64];
+    char path[128];
+    struct fake_clock clock;
+    struct store_clock store_clock;
+    struct store *st;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t delivered;
+    size_t acquired;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void remove_tree(const char *path)
+{
+    struct stat sb;
+    DIR *d = NULL;
+
+    if (lstat(path, &sb) != 0) {
+        goto out;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        unlink(path);
+        goto out;
+    }
+    d = opendir(path);
+    for (struct dirent *e = d != NULL ? readdir(d) : NULL; e != NULL; e = readdir(d)) {
+        char sub[512];
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+            remove_tree(sub);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    rmdir(path);
+out:
+    return;
+}
+
+static void prep_acquire(struct store_op *op, const char *name, int64_t ttl_ms)
+{
+    memset(op, 0, sizeof(*op));
+    op->kind = STORE_OP_ACQUIRE;
+    store_key_derive("test", 4, name, strlen(name), op->key);
+    memset(op->fingerprint, 'a', STORE_FINGERPRINT_BYTES);
+    op->lease_ms = 1000;
+    op->ttl_ms = ttl_ms;
+}
+
+/* n COMPLETE records named prefix<i>, in big transactions. */
+static void fill(struct store *st, const char *prefix, size_t n, int64_t ttl_ms)
+{
+    enum { BATCH = 5000 };
+    struct store_op *ops = calloc(BATCH, sizeof(*ops));
+
+    assert_non_null(ops);
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < BATCH ? n - done : BATCH;
+        for (size_t i = 0; i < k; i++) {
+            char name[64];
+            snprintf(name, sizeof(name), "%s%zu", prefix, done + i);
+            prep_acquire(&ops[i], name, ttl_ms);
+        }
+        assert_int_equal(store_apply(st, ops, k), 0);
+        for (size_t i = 0; i < k; i++) {
+            assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+            ops[i].kind = STORE_OP_COMPLETE;
+            ops[i].status = 200;
+            ops[i].body.ptr = "x";
+            ops[i].body.len = 1;
+        }
+        assert_int_equal(store_apply(st, ops, k), 0);
+        done += k;
+    }
+    free(ops);
+}
+
+static uint64_t records_in(struct store *st)
+{
+    struct store_stats stats;
+    assert_int_equal(store_stats(st, &stats), 0);
+    return stats.records;
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    struct store_options opt;
+    char err[256];
+    int rc = -1;
+
+    if (f == NULL) {
+        goto out;
+    }
+    snprintf(f->dir, sizeof(f->dir), "/tmp/idem-writer-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        free(f);
+        goto out;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/data", f->dir);
+    atomic_store(&f->clock.now, T0);
+    f->store_clock.now_ms = fake_now;
+    f->store_clock.ctx = &f->clock;
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.sync = false;
+    opt.clock = &f->store_clock;
+    rc = store_open(NULL, &opt, &f->st, err, sizeof(err));
+    if (rc != 0) {
+        print_error("store_open: %s\n", err);
+        remove_tree(f->dir);
+        free(f);
+        goto out;
+    }
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    /* A backlog: EXPIRED records past their TTL, LIVE ones for a day. */
+    fill(f->st, "old", EXPIRED, 1000);
+    fill(f->st, "live", LIVE, 86400000);
+    atomic_store(&f->clock.now, T0 + 2000);
+    *state = f;
+out:
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    store_close(f->st);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    remove_tree(f->dir);
+    free(f);
+    return 0;
+}
+
+static void deliver(struct writer_job **jobs, size_t n, void *ctx)
+{
+    struct fixture *f = ctx;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < n; i++) {
+        f->delivered++;
+        if (jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_ACQUIRED) {
+            f->acquired++;
+        }
+    }
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+static struct writer *start(struct fixture *f)
+{
+    struct writer *w = NULL;
+    struct writer_options opt;
+
+    memset(&opt, 0, sizeof(opt));
+    opt.store = f->st;
+    opt.deliver = deliver;
+    opt.ctx = f;
+    opt.purge_interval_ms = INTERVAL_MS;
+    assert_int_equal(writer_start(&opt, &w), 0);
+    return w;
+}
+
+/* Waits until the writer has purged want records or the deadline passes. */
+static uint64_t wait_purged(struct writer *w, uint64_t want, int64_t deadline_ms)
+{
+    struct writer_stats ws;
+
+    for (;;) {
+        writer_get_stats(w, &ws);
+        if (ws.purged >= want || mono_ms() >= deadline_ms) {
+            break;
+        }
+        usleep(10000);
+    }
+    return ws.purged;
+}
+
+/* Idle writer: the first interval makes purge work due, and the backlog
+ * goes in chunks back to back, not one bounded chunk per interval: all of
+ * it before the third interval (the old 8 x 512 per interval would have
+ * purged at most 12,288 by then). */
+static void test_idle_backlog_drains_without_waiting_interval(void **state)
+{
+    struct fixture *f = *state;
+    int64_t started = mono_ms();
+    struct writer *w = start(f);
+    uint64_t purged = wait_purged(w, EXPIRED, started + 3 * INTERVAL_MS - 200);
+
+    writer_stop(w);
+    assert_int_equal(purged, EXPIRED);
+    assert_int_equal(records_in(f->st), LIVE);
+}
+
+/* A steady stream of request batches: the purge rides along in them (and
+ * in whatever idle moments there are) until the backlog is gone; every job
+ * is delivered with its own outcome, and the new and live records stay. */
+static void test_backlog_drains_between_request_batches(void **state)
+{
+    enum { JOBS = 400 };
+    struct fixture *f = *state;
+    struct writer_job *jobs = calloc(JOBS, sizeof(*jobs));
+    int64_t started = mono_ms();
+    struct writer *w = start(f);
+    uint64_t purged;
+
+    assert_non_null(jobs);
+    for (size_t i = 0; i < JOBS; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "new%zu", i);
+        prep_acquire(&jobs[i].op, name, 86400000);
+        writer_submit(w, &jobs[i]);
+        if (i % 4 == 3) {
+            usleep(1000);
+        }
+    }
+    purged = wait_purged(w, EXPIRED, started + 3 * INTERVAL_MS - 200);
+    pthread_mutex_lock(&f->lock);
+    while (f->delivered < JOBS) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    assert_int_equal(f->acquired, JOBS);
+    pthread_mutex_unlock(&f->lock);
+    writer_stop(w);
+    assert_int_equal(purged, EXPIRED);
+    assert_int_equal(records_in(f->st), LIVE + JOBS);
+    free(jobs);
+}
+
+/* writer_stop() still applies what is queued, backlog or not, and stops. */
+static void test_stop_with_backlog_delivers_queued_jobs(void **state)
+{
+    enum { JOBS = 64 };
+    struct fixture *f = *state;
+    struct writer_job *jobs = calloc(JOBS, sizeof(*jobs));
+    struct writer *w = start(f);
+
+    assert_non_null(jobs);
+    usleep(INTERVAL_MS * 1000 + 50000); /* purge work is due now */
+    for (size_t i = 0; i < JOBS; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "new%zu", i);
+        prep_acquire(&jobs[i].op, name, 86400000);
+        writer_submit(w, &jobs[i]);
+    }
+    writer_stop(w);
+    assert_int_equal(f->delivered, JOBS);
+    assert_int_equal(f->acquired, JOBS);
+    free(jobs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_idle_backlog_drains_without_waiting_interval, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_backlog_drains_between_request_batches, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stop_with_backlog_delivers_queued_jobs, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
