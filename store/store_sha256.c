@@ -6,24 +6,45 @@
 
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
-static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
 /* Fetched once and kept for the life of the process (a global, so
- * LeakSanitizer sees it as reachable); NULL when the fetch failed. */
-static EVP_MD *sha256_md;
+ * LeakSanitizer sees it as reachable). A failed fetch (out of memory) is
+ * tried again on the next digest rather than remembered, so one failure at
+ * start-up does not leave the process unable to hash for good. */
+static pthread_mutex_t sha256_lock = PTHREAD_MUTEX_INITIALIZER;
+static EVP_MD *_Atomic sha256_md;
 static pthread_key_t sha256_ctx_key;
-static bool sha256_key_ok;
+static bool sha256_key_ok; /* under sha256_lock until sha256_md is set */
 
 static void ctx_destroy(void *ctx)
 {
     EVP_MD_CTX_free(ctx);
 }
 
-static void sha256_init(void)
+/* The fetched digest, fetching it first if need be; NULL on failure. */
+static EVP_MD *sha256_get(void)
 {
-    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
-    sha256_key_ok = pthread_key_create(&sha256_ctx_key, ctx_destroy) == 0;
+    EVP_MD *md = atomic_load(&sha256_md);
+
+    if (md != NULL) {
+        return md;
+    }
+    pthread_mutex_lock(&sha256_lock);
+    md = atomic_load(&sha256_md);
+    if (md == NULL) {
+        if (!sha256_key_ok) {
+            sha256_key_ok = pthread_key_create(&sha256_ctx_key, ctx_destroy) == 0;
+        }
+        if (sha256_key_ok) {
+            md = EVP_MD_fetch(NULL, "SHA256", NULL);
+            /* Published last: a reader that sees it also sees the key. */
+            atomic_store(&sha256_md, md);
+        }
+    }
+    pthread_mutex_unlock(&sha256_lock);
+    return md;
 }
 
 /* This thread's context, created on its first digest. */
@@ -33,7 +54,7 @@ static int thread_ctx(EVP_MD_CTX **out)
     EVP_MD_CTX *ctx = NULL;
 
     *out = NULL;
-    if (pthread_once(&sha256_once, sha256_init) != 0 || sha256_md == NULL || !sha256_key_ok) {
+    if (sha256_get() == NULL) {
         goto out;
     }
     ctx = pthread_getspecific(sha256_ctx_key);
@@ -67,7 +88,7 @@ int store_sha256(const struct store_span *parts, size_t n, uint8_t out[STORE_SHA
     rc = STORE_EIO;
     /* Init_ex2 on a used context resets it: whatever an earlier digest left
      * (even a failed one) does not carry over. */
-    if (EVP_DigestInit_ex2(ctx, sha256_md, NULL) != 1) {
+    if (EVP_DigestInit_ex2(ctx, atomic_load(&sha256_md), NULL) != 1) {
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
