@@ -1328,8 +1328,9 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     }
     /* MDB_NOTLS: reads happen on many threads and read transactions are
      * pooled across them. MDB_NOSYNC when the caller syncs on an interval
-     * (store_sync); a crash may then lose the last commits, never
-     * consistency. */
+     * (store_sync): a process crash loses nothing, a machine crash may lose
+     * the commits since the last sync and, on a file system that does not
+     * keep write order, corrupt the store (lmdb.h, MDB_NOSYNC). */
     if (!opt->sync) {
         flags |= MDB_NOSYNC;
     }
