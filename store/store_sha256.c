@@ -17,6 +17,18 @@ static pthread_mutex_t sha256_lock = PTHREAD_MUTEX_INITIALIZER;
 static EVP_MD *_Atomic sha256_md;
 static pthread_key_t sha256_ctx_key;
 static bool sha256_key_ok; /* under sha256_lock until sha256_md is set */
+#ifdef IDEM_FAULT_INJECTION
+static int sha256_fail_fetches; /* under sha256_lock */
+
+void store_sha256_fault_refetch(int failures)
+{
+    pthread_mutex_lock(&sha256_lock);
+    /* Contexts hold their own reference to the digest they last used. */
+    EVP_MD_free(atomic_exchange(&sha256_md, NULL));
+    sha256_fail_fetches = failures;
+    pthread_mutex_unlock(&sha256_lock);
+}
+#endif
 
 static void ctx_destroy(void *ctx)
 {
@@ -38,7 +50,15 @@ static EVP_MD *sha256_get(void)
             sha256_key_ok = pthread_key_create(&sha256_ctx_key, ctx_destroy) == 0;
         }
         if (sha256_key_ok) {
+#ifdef IDEM_FAULT_INJECTION
+            if (sha256_fail_fetches > 0) {
+                sha256_fail_fetches--;
+            } else {
+                md = EVP_MD_fetch(NULL, "SHA256", NULL);
+            }
+#else
             md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#endif
             /* Published last: a reader that sees it also sees the key. */
             atomic_store(&sha256_md, md);
         }

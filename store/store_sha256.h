@@ -30,4 +30,10 @@
  */
 int store_sha256(const struct store_span *parts, size_t n, uint8_t out[STORE_SHA256_BYTES]);
 
+#ifdef IDEM_FAULT_INJECTION
+/* Tests only, with no other thread hashing: forget the fetched digest and
+ * make the next `failures` fetches fail as an out-of-memory one would. */
+void store_sha256_fault_refetch(int failures);
+#endif
+
 #endif

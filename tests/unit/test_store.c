@@ -1031,6 +1031,26 @@ static void test_sha256_known_answers(void **state)
 #define SHA_THREADS 8
 #define SHA_ROUNDS 2000
 
+#ifdef IDEM_FAULT_INJECTION
+/* A fetch that failed once (out of memory at the first digest) must not
+ * leave the process unable to hash: the next digest fetches again. */
+static void test_sha256_failed_fetch_is_retried(void **state)
+{
+    static const char msg[] = "abc";
+    const struct store_span one[] = {{msg, 3}};
+    uint8_t out[STORE_SHA256_BYTES];
+    uint8_t want[STORE_SHA256_BYTES];
+    (void)state;
+
+    assert_int_equal(store_sha256(one, 1, want), STORE_OK);
+    store_sha256_fault_refetch(2);
+    assert_int_not_equal(store_sha256(one, 1, out), STORE_OK);
+    assert_int_not_equal(store_sha256(one, 1, out), STORE_OK);
+    assert_int_equal(store_sha256(one, 1, out), STORE_OK);
+    assert_memory_equal(out, want, sizeof(out));
+}
+#endif
+
 static void *sha256_thread(void *arg)
 {
     uint8_t *ok = arg;
@@ -2256,6 +2276,9 @@ int main(void)
         cmocka_unit_test(test_key_derive),
         cmocka_unit_test(test_sha256_known_answers),
         cmocka_unit_test(test_sha256_threads),
+#ifdef IDEM_FAULT_INJECTION
+        cmocka_unit_test(test_sha256_failed_fetch_is_retried),
+#endif
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_v2_round_trip),
         cmocka_unit_test(test_record_v1_still_decodes),
