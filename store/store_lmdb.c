@@ -59,8 +59,6 @@
  * per record written (leaf splits and copies of other leaves). */
 #define TXN_PATH_PAGES 8
 #define RECORD_PAGES 1
-/* Pages one purged record may copy: its leaf and its index entry's leaf. */
-#define PURGE_RECORD_PAGES 2
 /* LMDB's page header, which an overflow value also carries. */
 #define PAGE_HEADER_BYTES 16
 /* Lease ids come from a buffer of kernel randomness this large: one
@@ -664,7 +662,7 @@ out:
 }
 
 static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
-                       uint64_t page_budget, size_t *deleted, bool *more, bool *changed);
+                       size_t *deleted, bool *more, bool *changed);
 
 /* Purge work that rides along in a batch's transaction (store_apply_purge):
  * the budget in, what it did out. failed says the purge part failed, after
@@ -715,8 +713,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, struct op
         goto out;
     }
     if (ps != NULL && ps->max_records > 0) {
-        rc = purge_steps(s, txn, now, ps->max_records, UINT64_MAX, &ps->deleted, &ps->more,
-                         &purging);
+        rc = purge_steps(s, txn, now, ps->max_records, &ps->deleted, &ps->more, &purging);
         if (rc != STORE_OK) {
             ps->failed = true;
             goto out;
@@ -909,7 +906,7 @@ out:
  * On an error the transaction must be aborted (after a failed put or delete
  * LMDB accepts nothing else). */
 static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
-                       uint64_t page_budget, size_t *deleted, bool *more, bool *changed)
+                       size_t *deleted, bool *more, bool *changed)
 {
     MDB_cursor *cur = NULL;
     size_t handled = 0;
@@ -950,9 +947,7 @@ static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         if (t > now) {
             break;
         }
-        if (handled == max_records ||
-            (handled > 0 &&
-             TXN_PATH_PAGES + PURGE_RECORD_PAGES * (uint64_t)(handled + 1) > page_budget)) {
+        if (handled == max_records) {
             *more = true;
             break;
         }
@@ -1016,62 +1011,21 @@ static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
     return rc;
 }
 
-/*
- * The pages a purge transaction of its own may copy: half of those free now.
- * Pages a transaction frees become reusable only two commits later (LMDB
- * keeps them for the snapshot before it), so in a nearly full map a purge
- * that used up the free pages left the next one no room even for one
- * record, and with no other commit to come (an idle proxy) the expired
- * records stayed until the next write of another kind. Keeping half for the
- * next transaction keeps the purge going, one record per transaction at
- * worst. The freelist is read only when the map's tail is short.
- */
-static int purge_page_budget(struct lmdb_store *s, size_t max_records, uint64_t *budget)
-{
-    MDB_envinfo info;
-    uint64_t want = TXN_PATH_PAGES + PURGE_RECORD_PAGES * (uint64_t)max_records;
-    uint64_t map_pages;
-    uint64_t used_pages;
-    uint64_t free_pages;
-    int rc = map_err(mdb_env_info(s->env, &info));
-
-    if (rc != STORE_OK) {
-        return rc;
-    }
-    map_pages = (uint64_t)info.me_mapsize / s->page_bytes;
-    used_pages = (uint64_t)info.me_last_pgno + 1;
-    free_pages = map_pages > used_pages ? map_pages - used_pages : 0;
-    if (free_pages < 2 * want) {
-        uint64_t listed = 0;
-        rc = freelist_pages(s, &listed);
-        if (rc != STORE_OK) {
-            return rc;
-        }
-        free_pages += listed;
-    }
-    *budget = free_pages / 2;
-    return STORE_OK;
-}
-
 /* One purge transaction of its own. */
 static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
 {
     MDB_txn *txn = NULL;
     size_t deleted = 0;
     bool changed = false;
-    uint64_t budget = UINT64_MAX;
-    int rc = purge_page_budget(s, max_records, &budget);
+    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     *purged = 0;
     *more = false;
-    if (rc == STORE_OK) {
-        rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
-    }
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
     }
-    rc = purge_steps(s, txn, now_ms(s), max_records, budget, &deleted, more, &changed);
+    rc = purge_steps(s, txn, now_ms(s), max_records, &deleted, more, &changed);
     if (rc != STORE_OK || !changed) {
         goto out; /* nothing to commit: abort, no disk write */
     }
@@ -1122,7 +1076,7 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
         if (rc != STORE_OK)
             break;
         total += got;
-        if (!m)
+        if (got < want)
             break; /* nothing more is due */
         if (batch < max_records)
             batch = batch * 2 < max_records ? batch * 2 : max_records;

@@ -1887,12 +1887,9 @@ static void test_purge_shrinks_its_batch_when_full(void **state)
 }
 
 /* The writer purges a backlog in small chunks (its idle chunk starts at 32)
- * and stops when the store says nothing more is due: in a full map, whose
- * purges may each copy only a few pages, chunk after chunk must still
- * drain every expired record and report "more" until then. (CI once saw a
- * full store keep 995 of 1,027 expired records 2.5 s past their TTL; this
- * fixture does not reproduce that stall, purge_page_budget() is the fix
- * reasoned from it.) */
+ * and stops when the store says nothing more is due: in a full map, where a
+ * purge has few free pages to copy into, chunk after chunk must still drain
+ * every expired record, reporting "more" until then. */
 static void test_small_purges_in_a_full_map_report_more(void **state)
 {
     struct fixture *f = *state;
