@@ -756,8 +756,9 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
  * transaction, and the space estimate does not count them. One small
  * committed write in between makes them usable for the retry. Without it a
  * store that had just been purged would stay full to every acquire until
- * some other write happened to commit. */
-static void settle_after_purge(struct lmdb_store *s)
+ * some other write happened to commit, and a purge that had just used up
+ * the reusable pages could not delete even one record (lmdb_purge). */
+static int settle_after_purge(struct lmdb_store *s)
 {
     MDB_txn *txn = NULL;
     uint8_t probe = 0;
@@ -779,6 +780,7 @@ static void settle_after_purge(struct lmdb_store *s)
     if (rc == 0) {
         atomic_fetch_add(&s->commits, 1);
     }
+    return map_err(rc);
 }
 
 /* The batch hit MDB_MAP_FULL (after which LMDB requires the transaction to be
@@ -798,7 +800,7 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
             more = false;
         }
     }
-    settle_after_purge(s); /* best effort: the retry says what fits */
+    (void)settle_after_purge(s); /* best effort: the retry says what fits */
     /* Earlier ops may commit here, so the call itself succeeds and reports
      * them; an op that still does not fit is reported as not applied, and
      * after a hard error so is every later op (that error would repeat;
@@ -1062,6 +1064,7 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
     size_t total = 0;
     size_t batch = max_records;
     bool m = true;
+    bool settled = false;
     int rc = STORE_OK;
 
     while (total < max_records && m) {
@@ -1073,8 +1076,20 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
             m = true;
             continue;
         }
+        if (rc == STORE_EFULL && !settled && settle_after_purge(s) == STORE_OK) {
+            /* Not even one record fits: the free pages are those the
+             * last commit freed, which LMDB reuses only from the second
+             * transaction after it. Nothing else commits in an idle full
+             * store, so without this small commit every purge would fail
+             * the same way, forever (a full 1 MiB store kept ~980
+             * expired records). */
+            settled = true;
+            m = true;
+            continue;
+        }
         if (rc != STORE_OK)
             break;
+        settled = false;
         total += got;
         if (got < want)
             break; /* nothing more is due */

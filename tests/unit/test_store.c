@@ -1914,6 +1914,75 @@ static void test_small_purges_in_a_full_map_report_more(void **state)
     store_close(st);
 }
 
+/* What the proxy does to a 1 MiB store (tests/adversarial, store full): 16
+ * requests at a time, each acquired and then completed with a small answer,
+ * 5 ms apart, until new keys are refused; then, idle, the periodic purge
+ * every second in chunks of 32. The records are small, so the tree is deep
+ * and every purge commit frees more pages than it copies - into pages LMDB
+ * lets only the second transaction after it reuse. Before the fix the first
+ * purge left too few reusable pages for even one delete, and with nothing
+ * else committing every later purge failed the same way: the store kept
+ * ~990 expired records and stayed full. */
+static void test_idle_purges_drain_a_store_full_of_small_records(void **state)
+{
+    enum { BATCH = 16, TTL_MS = 15000 };
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    char path[256];
+    static char body[300];
+    static const char headers[] = "content-type: application/json\r\nlocation: /v1/p/123456\r\n";
+    struct store_op ops[BATCH];
+    bool full = false;
+    int n = 0;
+    uint64_t stored;
+
+    memset(body, 'b', sizeof(body));
+    snprintf(path, sizeof(path), "%s/small", f->dir);
+    assert_int_equal(open_at(f, path, 1u << 20, &st), 0);
+    while (!full) {
+        size_t k = 0;
+        for (int i = 0; i < BATCH; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "fill-%d", n++);
+            prep(&ops[i], STORE_OP_ACQUIRE, name, 'a');
+            ops[i].lease_ms = 30000;
+            ops[i].ttl_ms = TTL_MS;
+        }
+        assert_int_equal(store_apply(st, ops, BATCH), 0);
+        for (int i = 0; i < BATCH; i++) {
+            if (ops[i].outcome != STORE_ACQUIRED) {
+                assert_int_equal(ops[i].outcome, STORE_FULL);
+                full = true;
+                continue;
+            }
+            ops[k] = ops[i];
+            ops[k].kind = STORE_OP_COMPLETE;
+            ops[k].status = 201;
+            ops[k].headers = (struct store_span){headers, sizeof(headers) - 1};
+            ops[k].body = (struct store_span){body, sizeof(body)};
+            k++;
+        }
+        if (k > 0) {
+            assert_int_equal(store_apply(st, ops, k), 0);
+        }
+        advance(f, 5);
+        assert_true(n < 100000);
+    }
+    stored = records_in(st);
+    assert_true(stored > 500);
+
+    for (int tick = 0; tick < 30 && records_in(st) > 0; tick++) {
+        bool more = true;
+        advance(f, 1000);
+        while (more) {
+            size_t purged = 0;
+            assert_int_equal(store_purge(st, 32, &purged, &more), 0);
+        }
+    }
+    assert_int_equal(records_in(st), 0);
+    store_close(st);
+}
+
 /* ---- record encoding ----------------------------------------------------- */
 
 static void sample_complete(struct store_record *rec, uint8_t *headers, size_t hl, uint8_t *body,
@@ -2302,6 +2371,7 @@ int main(void)
         STORE_TEST(test_store_full_of_answers_still_purges),
         STORE_TEST(test_purge_shrinks_its_batch_when_full),
         STORE_TEST(test_small_purges_in_a_full_map_report_more),
+        STORE_TEST(test_idle_purges_drain_a_store_full_of_small_records),
         cmocka_unit_test(test_key_derive),
         cmocka_unit_test(test_sha256_known_answers),
         cmocka_unit_test(test_sha256_threads),
