@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Item 11a, the store full: a 1 MiB store (map_size "1MiB", about 1,100
 records) and N unique keys (CI 4,000, long 20,000), 16 at a time, with a TTL
-of 15 s (long: 40 s). Once full, every new key is answered 503 with
+of 20 s (long: 40 s). Once full, every new key is answered 503 with
 Retry-After (problem+json) and nothing is forwarded, while every stored key
 keeps replaying byte for byte. Every answered 201 was executed exactly once
 and is either replayable or logged "unstored" (README: the result could not
@@ -17,7 +17,7 @@ import unittest
 import adv
 from adv import harness
 
-TTL_S = adv.scale(short=15.0, long=40.0)
+TTL_S = adv.scale(short=20.0, long=40.0)
 
 
 class StoreFullRecovers(adv.AdversarialCase):
