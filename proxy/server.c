@@ -214,6 +214,7 @@ struct proxy_server {
     atomic_int stopping;
     atomic_int n_waiting;
     char *upstream_base; /* upstream URL without trailing slash */
+    int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
 };
 
 /* ---- clocks ------------------------------------------------------------ */
@@ -1903,6 +1904,22 @@ bad:
     return -1;
 }
 
+static void format_address(const struct sockaddr_storage *ss, char *host, size_t hostlen,
+                           int *port)
+{
+    snprintf(host, hostlen, "?");
+    *port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)(const void *)ss;
+        inet_ntop(AF_INET, &sin->sin_addr, host, (socklen_t)hostlen);
+        *port = ntohs(sin->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)(const void *)ss;
+        inet_ntop(AF_INET6, &sin6->sin6_addr, host, (socklen_t)hostlen);
+        *port = ntohs(sin6->sin6_port);
+    }
+}
+
 static int open_listener(const struct sockaddr_storage *ss, socklen_t len, char *err,
                          size_t errlen)
 {
@@ -1914,8 +1931,8 @@ static int open_listener(const struct sockaddr_storage *ss, socklen_t len, char 
     }
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     /* One listen socket per worker on the same address; the kernel spreads
-     * connections over them. Other processes on the same store may listen
-     * on the same port too. */
+     * connections over them. claim_listen_address() decides beforehand
+     * whether another process may already be in the group. */
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, 1024) != 0) {
         snprintf(err, errlen, "listen: cannot bind: %s", strerror(errno));
@@ -1923,6 +1940,90 @@ static int open_listener(const struct sockaddr_storage *ss, socklen_t len, char 
         return -1;
     }
     return fd;
+}
+
+/*
+ * SO_REUSEPORT lets any process of the same user join a listening group, and
+ * the kernel then splits new connections between them. A second idemproxy on
+ * another store (or anything else) joining ours would split the keys between
+ * two stores: a client's retry landing on the other one runs the request
+ * again. So the port is shared only with processes on the same store: each
+ * listener holds an OFD read lock on <store>/listen-<host>-<port>.lock for
+ * its lifetime. Before binding, a socket without SO_REUSEPORT probes the
+ * address: if it is taken and nobody on this store holds the lock, the
+ * listener is a stranger and start-up fails with EADDRINUSE's meaning.
+ * Two processes on different stores starting within the microseconds
+ * between one's probe and its bind could still both bind. Resolves port 0
+ * into ss. Returns the lock descriptor (kept open while listening) or -1
+ * with err set.
+ */
+static int claim_listen_address(const char *store_path, struct sockaddr_storage *ss,
+                                socklen_t *sslen, char *err, size_t errlen)
+{
+    char host[INET6_ADDRSTRLEN];
+    char path[4096];
+    int port, one = 1, lock_fd, probe_errno = 0;
+    bool taken = false;
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+    int probe = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (probe < 0) {
+        snprintf(err, errlen, "listen: socket: %s", strerror(errno));
+        return -1;
+    }
+    setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(probe, (const struct sockaddr *)ss, *sslen) != 0) {
+        probe_errno = errno;
+        taken = probe_errno == EADDRINUSE;
+    } else {
+        /* Port 0: the workers bind the port the kernel chose. */
+        struct sockaddr_storage bound;
+        socklen_t bl = sizeof(bound);
+        if (getsockname(probe, (struct sockaddr *)&bound, &bl) == 0) {
+            memcpy(ss, &bound, bl);
+            *sslen = bl;
+        }
+    }
+    format_address(ss, host, sizeof(host), &port);
+    if (probe_errno != 0 && !taken) {
+        snprintf(err, errlen, "listen: cannot bind %s:%d: %s", host, port, strerror(probe_errno));
+        close(probe);
+        return -1;
+    }
+    if (snprintf(path, sizeof(path), "%s/listen-%s-%d.lock", store_path, host, port) >=
+        (int)sizeof(path)) {
+        snprintf(err, errlen, "listen: store path too long");
+        close(probe);
+        return -1;
+    }
+    lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0) {
+        snprintf(err, errlen, "listen: cannot open %s: %s", path, strerror(errno));
+        close(probe);
+        return -1;
+    }
+    if (taken) {
+        struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(lock_fd, F_OFD_GETLK, &q) != 0 || q.l_type == F_UNLCK) {
+            snprintf(err, errlen,
+                     "listen: %s:%d is already in use by a process that is not an idemproxy "
+                     "on store %s (sharing a port splits keys between stores)",
+                     host, port, store_path);
+            close(lock_fd);
+            close(probe);
+            return -1;
+        }
+    }
+    /* Blocks only while a process on this store holds a write lock, which
+     * none takes: the read lock is granted at once. */
+    if (fcntl(lock_fd, F_OFD_SETLKW, &fl) != 0) {
+        snprintf(err, errlen, "listen: cannot lock %s: %s", path, strerror(errno));
+        close(lock_fd);
+        close(probe);
+        return -1;
+    }
+    close(probe);
+    return lock_fd;
 }
 
 /*
@@ -2094,6 +2195,7 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         goto fail;
     srv->cfg = cfg;
     srv->store = st;
+    srv->listen_lock_fd = -1;
     srv->n_workers = n;
     srv->upstream_base = strdup(cfg->upstream.url);
     srv->workers = calloc(n, sizeof(*srv->workers));
@@ -2130,19 +2232,13 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
             goto fail;
         }
     }
+    srv->listen_lock_fd = claim_listen_address(cfg->store.path, &ss, &sslen, err, errlen);
+    if (srv->listen_lock_fd < 0)
+        goto fail;
     for (unsigned i = 0; i < n; i++) {
         int fd = open_listener(&ss, sslen, err, errlen);
         if (fd < 0)
             goto fail;
-        if (i == 0) {
-            /* Port 0: every worker binds the port the first one got. */
-            struct sockaddr_storage bound;
-            socklen_t bl = sizeof(bound);
-            if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0) {
-                memcpy(&ss, &bound, bl);
-                sslen = bl;
-            }
-        }
         if (worker_init(&srv->workers[i], fd, err, errlen) != 0) {
             close(fd);
             goto fail;
@@ -2156,17 +2252,9 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         }
     }
     {
-        char host[INET6_ADDRSTRLEN] = "?";
-        int port = 0;
-        if (ss.ss_family == AF_INET) {
-            const struct sockaddr_in *sin = (const struct sockaddr_in *)(const void *)&ss;
-            inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
-            port = ntohs(sin->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-            const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)(const void *)&ss;
-            inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
-            port = ntohs(sin6->sin6_port);
-        }
+        char host[INET6_ADDRSTRLEN];
+        int port;
+        format_address(&ss, host, sizeof(host), &port);
         fprintf(stderr, "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s\n",
                 host, port, n, srv->upstream_base, cfg->store.path);
     }
@@ -2186,6 +2274,8 @@ fail:
         writer_stop(srv->writer);
         for (unsigned i = 0; srv->workers != NULL && i < n; i++)
             worker_fini(&srv->workers[i]);
+        if (srv->listen_lock_fd >= 0)
+            close(srv->listen_lock_fd);
         free(srv->workers);
         free(srv->upstream_base);
         free(srv);
@@ -2213,6 +2303,8 @@ int proxy_server_join(struct proxy_server *srv)
     writer_stop(srv->writer);
     for (unsigned i = 0; i < srv->n_workers; i++)
         worker_fini(&srv->workers[i]);
+    /* The listeners are closed: another store may take the port now. */
+    close(srv->listen_lock_fd);
     free(srv->workers);
     free(srv->upstream_base);
     free(srv);
