@@ -423,6 +423,7 @@ class Proxy:
                 json.dump(self.config, f, indent=2)
             out = open(self.stdout_path, "ab")
             err = open(self.stderr_path, "ab")
+            self._stderr_offset = err.tell()
             try:
                 self.proc = subprocess.Popen([binary(), "--config", self.config_path] + self.args,
                                              stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -438,15 +439,19 @@ class Proxy:
             self.name, self.proc.returncode, self.stderr()))
 
     def _wait_listening(self):
+        """Waits for this process's own "listening on" line: a connection
+        to the port could reach another test's proxy that took it first
+        (this one then refuses to start)."""
+        line = ("listening on 127.0.0.1:%d," % self.port).encode()
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(self._stderr_offset)
+                if line in f.read():
+                    return True
             if self.proc.poll() is not None:
                 return False
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return True
-            except OSError:
-                time.sleep(0.02)
+            time.sleep(0.01)
         self.proc.kill()
         self.proc.wait()
         return False
