@@ -402,8 +402,9 @@ class Upstream:
 class Proxy:
     """One idemproxy process: `idemproxy --config FILE`."""
 
-    def __init__(self, workdir, config, name, args=()):
+    def __init__(self, workdir, config, name, args=(), env=None):
         self.workdir = workdir
+        self.env = env  # None: this process's environment
         self.config = json.loads(json.dumps(config))
         self.name = name
         self.args = list(args)
@@ -427,7 +428,7 @@ class Proxy:
             try:
                 self.proc = subprocess.Popen([binary(), "--config", self.config_path] + self.args,
                                              stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                             cwd=self.workdir)
+                                             cwd=self.workdir, env=self.env)
             finally:
                 out.close()
                 err.close()

@@ -100,23 +100,7 @@ class FaultProxy(harness.Proxy):
     """harness.Proxy with its own environment (the fault variables)."""
 
     def __init__(self, workdir, config, name, env):
-        super().__init__(workdir, config, name)
-        self.env = env
-
-    def start(self, attempts=3):
-        for _ in range(attempts):
-            self.port = harness.free_port()
-            self.config["listen"] = "127.0.0.1:%d" % self.port
-            with open(self.config_path, "w") as f:
-                json.dump(self.config, f, indent=2)
-            with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
-                self.proc = subprocess.Popen([harness.binary(), "--config", self.config_path],
-                                             stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                             cwd=self.workdir, env=self.env)
-            if self._wait_listening():
-                return self
-        raise RuntimeError("proxy %s did not start (exit %r): %s" % (
-            self.name, self.proc.returncode, self.stderr()[-3000:]))
+        super().__init__(workdir, config, name, env=env)
 
 
 # ---------------------------------------------------------------------------
