@@ -170,6 +170,7 @@ struct store_stats {
     uint64_t records;       /* records in the store now */
     uint64_t map_size_bytes;
     uint64_t map_used_bytes; /* high-water mark of pages in use */
+    uint64_t purge_sweeps;   /* key-order purge passes this handle started */
 };
 
 /* Called by store_scan() for every record; return non-zero to stop. */

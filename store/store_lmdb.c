@@ -46,6 +46,19 @@
  * records costs a few short transactions, not a scan. */
 #define FULL_PURGE_BATCH 256
 #define FULL_PURGE_ROUNDS 8
+/*
+ * Purging a large backlog in key order (sweep_steps): once SWEEP_AFTER_CALLS
+ * index-order purges in a row ended with due records left, and at most every
+ * SWEEP_CHECK_EVERY_MS, the due entries are counted; when there are at least
+ * SWEEP_MIN_DUE of them and at least 1/SWEEP_MIN_SHARE of the records, a pass
+ * over the records in key order deletes the due ones. Each purge call looks
+ * at up to SWEEP_EXAMINE_PER_DELETE records per record it may delete.
+ */
+#define SWEEP_AFTER_CALLS 16
+#define SWEEP_CHECK_EVERY_MS 10000
+#define SWEEP_MIN_DUE 20000
+#define SWEEP_MIN_SHARE 8
+#define SWEEP_EXAMINE_PER_DELETE 8
 /* Space rules, see space_claim(): a completion must leave the reserve free
  * (map/256, 16..256 pages) so that purge and release can always run, and an
  * acquire must leave the reserve plus headroom (map/64, 64 KiB..1 MiB, the
@@ -98,6 +111,7 @@ struct lmdb_store {
     uint64_t headroom_pages;
     _Atomic uint64_t commits;
     _Atomic uint64_t ops_committed;
+    _Atomic uint64_t sweeps; /* key-order purge passes started */
 
     pthread_mutex_t pool_lock;
     MDB_txn *pool[LMDB_READ_POOL]; /* reset read transactions */
@@ -110,6 +124,14 @@ struct lmdb_store {
      * once (a handle is not used across fork(), store.h). */
     uint8_t lease_random[LEASE_RANDOM_BYTES];
     size_t lease_random_left;
+
+    /* Key-order purge of a large backlog (sweep_steps). Like lease_random,
+     * only touched inside a write transaction. */
+    bool sweeping;        /* a pass over the records is under way */
+    bool sweep_has_pos;   /* sweep_pos is where it goes on */
+    uint8_t sweep_pos[STORE_KEY_BYTES];
+    unsigned backlog_calls;      /* index-order purges in a row that left due records */
+    int64_t sweep_next_check_ms; /* the backlog is measured at most this often */
 
     /* The environment's identity, for the same-process guard below. */
     dev_t dev;
@@ -899,16 +921,17 @@ out:
     return rc;
 }
 
-/* The purge steps of one write transaction: up to max_records due index
- * entries, deleting what is purgeable. Each step takes the first index entry
- * again rather than walking a cursor: every entry handled leaves the due
+/* The purge steps of one write transaction in index order: up to
+ * max_records due index entries, deleting what is purgeable. Each step takes
+ * the first index entry again rather than walking a cursor: every entry
+ * handled leaves the due
  * range (deleted, or moved past now), so the first entry is always the next
  * one due. *changed says whether anything was written (the caller commits
  * only then); *more whether entries were still due when the budget ran out.
  * On an error the transaction must be aborted (after a failed put or delete
  * LMDB accepts nothing else). */
-static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
-                       size_t *deleted, bool *more, bool *changed)
+static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
+                       size_t *deleted, size_t *handled_out, bool *more, bool *changed)
 {
     MDB_cursor *cur = NULL;
     size_t handled = 0;
@@ -1006,9 +1029,179 @@ static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
     if (cur != NULL) {
         mdb_cursor_close(cur);
     }
+    *handled_out = handled;
     if (rc != STORE_OK) {
         *deleted = 0;
         *more = false;
+    }
+    return rc;
+}
+
+/*
+ * Whether the due index entries number at least SWEEP_MIN_DUE and at least
+ * 1/SWEEP_MIN_SHARE of the records: counted by walking the head of the index,
+ * no further than that many entries.
+ */
+static int backlog_is_large(struct lmdb_store *s, MDB_txn *txn, int64_t now, bool *large)
+{
+    MDB_stat st;
+    MDB_cursor *cur = NULL;
+    MDB_val kv;
+    MDB_val dv;
+    size_t want;
+    size_t due = 0;
+    int got;
+    int rc = map_err(LMDB_CALL(mdb_stat(txn, s->records, &st)));
+
+    *large = false;
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    want = st.ms_entries / SWEEP_MIN_SHARE;
+    if (want < SWEEP_MIN_DUE) {
+        want = SWEEP_MIN_DUE;
+    }
+    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->expiry, &cur)));
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_FIRST));
+    while (got == 0 && due < want) {
+        if (kv.mv_size == INDEX_KEY_BYTES && index_time(kv.mv_data) > now) {
+            break;
+        }
+        due++;
+        got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_NEXT));
+    }
+    mdb_cursor_close(cur);
+    if (got != 0 && got != MDB_NOTFOUND) {
+        return map_err(got);
+    }
+    *large = due >= want;
+    return STORE_OK;
+}
+
+/*
+ * The purge steps of one write transaction during a sweep: records in key
+ * order from where the last call stopped, deleting the purgeable ones (the
+ * rule of index_steps), up to max_records deletions and
+ * SWEEP_EXAMINE_PER_DELETE times as many records looked at. In index order a
+ * large backlog costs about one leaf page written (and one freed) per record,
+ * as the records due together lie anywhere in the key space; in key order
+ * the records of one leaf go together. Their index entries are left behind,
+ * stale, for index_steps to drop once the pass is over: they lie together at
+ * the head of the index. The pass over, *more says true so that it runs.
+ */
+static int sweep_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
+                       size_t *deleted, bool *more, bool *changed)
+{
+    MDB_cursor *cur = NULL;
+    MDB_val kv;
+    MDB_val dv;
+    size_t examined = 0;
+    size_t limit = max_records * SWEEP_EXAMINE_PER_DELETE;
+    int got;
+    int rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->records, &cur)));
+
+    *deleted = 0;
+    *more = true;
+    *changed = false;
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    if (s->sweep_has_pos) {
+        kv.mv_size = STORE_KEY_BYTES;
+        kv.mv_data = s->sweep_pos;
+        got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_SET_RANGE));
+    } else {
+        got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_FIRST));
+    }
+    while (got == 0) {
+        struct store_record_view v;
+        bool purge;
+
+        if (kv.mv_size != STORE_KEY_BYTES) {
+            /* Not a record this code writes: not ours to judge. */
+            got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_NEXT));
+            continue;
+        }
+        if (*deleted == max_records || examined == limit) {
+            memcpy(s->sweep_pos, kv.mv_data, STORE_KEY_BYTES);
+            s->sweep_has_pos = true;
+            break;
+        }
+        examined++;
+        rc = store_record_parse(dv.mv_data, dv.mv_size, &v);
+        if (rc == STORE_ECORRUPT) {
+            purge = true; /* as in index_steps: it can never be served */
+            rc = STORE_OK;
+        } else if (rc != STORE_OK) {
+            break;
+        } else {
+            purge = v.expires_ms <= now &&
+                    (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= now);
+        }
+        if (purge) {
+            /* The cursor then stands on the next record, which MDB_NEXT
+             * returns. */
+            rc = map_err(LMDB_WRITE(mdb_cursor_del(cur, 0)));
+            if (rc != STORE_OK) {
+                break;
+            }
+            (*deleted)++;
+            *changed = true;
+        }
+        got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_NEXT));
+    }
+    if (rc == STORE_OK && got == MDB_NOTFOUND) {
+        s->sweeping = false; /* the pass is over */
+        s->sweep_has_pos = false;
+    } else if (rc == STORE_OK && got != 0) {
+        rc = map_err(got);
+    }
+    mdb_cursor_close(cur);
+    if (rc != STORE_OK) {
+        *deleted = 0;
+        *more = false;
+    }
+    return rc;
+}
+
+/* The purge steps of one write transaction: in index order (index_steps),
+ * or in key order while a sweep is under way, which a large backlog starts.
+ * A failed transaction may leave the sweep's position past records it did
+ * not delete: index order deletes them later. */
+static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
+                       size_t *deleted, bool *more, bool *changed)
+{
+    size_t handled = 0;
+    int rc;
+
+    if (!s->sweeping && s->backlog_calls >= SWEEP_AFTER_CALLS && now >= s->sweep_next_check_ms) {
+        bool large = false;
+        s->backlog_calls = 0;
+        s->sweep_next_check_ms = now + SWEEP_CHECK_EVERY_MS;
+        rc = backlog_is_large(s, txn, now, &large);
+        if (rc != STORE_OK) {
+            return rc;
+        }
+        if (large) {
+            s->sweeping = true;
+            s->sweep_has_pos = false;
+            atomic_fetch_add(&s->sweeps, 1);
+        }
+    }
+    if (s->sweeping) {
+        return sweep_steps(s, txn, now, max_records, deleted, more, changed);
+    }
+    rc = index_steps(s, txn, now, max_records, deleted, &handled, more, changed);
+    if (rc == STORE_OK) {
+        /* A backlog of records, not of the stale entries a sweep leaves. */
+        if (*more && *deleted * 2 > handled) {
+            s->backlog_calls++;
+        } else if (!*more) {
+            s->backlog_calls = 0;
+        }
     }
     return rc;
 }
@@ -1133,6 +1326,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     }
     out->commits = atomic_load(&s->commits);
     out->ops_committed = atomic_load(&s->ops_committed);
+    out->purge_sweeps = atomic_load(&s->sweeps);
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
 out:

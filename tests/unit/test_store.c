@@ -1983,6 +1983,90 @@ static void test_idle_purges_drain_a_store_full_of_small_records(void **state)
     store_close(st);
 }
 
+/* Entries in the store's expiry index, read with LMDB itself (the store
+ * closed meanwhile). */
+static size_t index_entries(const char *path)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    MDB_stat st;
+
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, MDB_RDONLY, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &dbi), 0);
+    assert_int_equal(mdb_stat(txn, dbi, &st), 0);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return st.ms_entries;
+}
+
+/* A backlog of 24,000 due records among 2,000 live ones is purged by a pass
+ * in key order (a sweep), which leaves the live records, an IN_PROGRESS
+ * record past its TTL under a live lease, and a key acquired again after
+ * the sweep deleted it; the index entries the sweep left behind are dropped
+ * afterwards, so the index ends with one entry per record. */
+static void test_large_backlog_is_purged_in_key_order(void **state)
+{
+    struct fixture *f = *state;
+    struct store_stats stats;
+    struct store_op held;
+    struct store_op again;
+    size_t calls = 0;
+    bool more = true;
+    bool reacquired = false;
+    struct store_record rec;
+
+    fill_completed(f->st, "old", 24000, 1000);
+    fill_completed(f->st, "live", 2000, 100000);
+    assert_int_equal(acquire(f->st, "held", 'a', 100000, 1000, &held), STORE_ACQUIRED);
+    advance(f, 1000);
+    while (more) {
+        size_t purged = 0;
+        assert_int_equal(store_purge(f->st, 64, &purged, &more), 0);
+        calls++;
+        assert_true(calls < 5000);
+        assert_int_equal(store_stats(f->st, &stats), 0);
+        if (!reacquired && stats.purge_sweeps == 1 && stats.records == 2001) {
+            /* The pass is over: every old record is gone, their index
+             * entries are not yet. old7 comes back with a new TTL. */
+            assert_int_equal(acquire(f->st, "old7", 'a', 1000, 100000, &again), STORE_ACQUIRED);
+            assert_int_equal(complete(f->st, "old7", again.lease_id, 100000, "again"),
+                             STORE_DONE);
+            reacquired = true;
+        }
+    }
+    assert_true(reacquired);
+    assert_int_equal(store_stats(f->st, &stats), 0);
+    assert_int_equal(stats.purge_sweeps, 1);
+    assert_int_equal(stats.records, 2002);
+    assert_int_equal(state_of(f->st, "held"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "live0"), STORE_STATE_COMPLETE);
+    assert_int_equal(state_of(f->st, "live1999"), STORE_STATE_COMPLETE);
+    assert_int_equal(state_of(f->st, "old0"), STORE_STATE_ABSENT);
+    assert_int_equal(state_of(f->st, "old23999"), STORE_STATE_ABSENT);
+    get(f->st, "old7", &rec);
+    assert_body(&rec, "again");
+    store_record_clear(&rec);
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(index_entries(f->path), 2002);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    /* Everything expires: index order takes the rest, no second sweep. */
+    advance(f, 200000);
+    more = true;
+    while (more) {
+        size_t purged = 0;
+        assert_int_equal(store_purge(f->st, 4096, &purged, &more), 0);
+    }
+    assert_int_equal(store_stats(f->st, &stats), 0);
+    assert_int_equal(stats.records, 0);
+    assert_int_equal(stats.purge_sweeps, 0);
+}
+
 /* ---- record encoding ----------------------------------------------------- */
 
 static void sample_complete(struct store_record *rec, uint8_t *headers, size_t hl, uint8_t *body,
@@ -2372,6 +2456,7 @@ int main(void)
         STORE_TEST(test_purge_shrinks_its_batch_when_full),
         STORE_TEST(test_small_purges_in_a_full_map_report_more),
         STORE_TEST(test_idle_purges_drain_a_store_full_of_small_records),
+        STORE_TEST(test_large_backlog_is_purged_in_key_order),
         cmocka_unit_test(test_key_derive),
         cmocka_unit_test(test_sha256_known_answers),
         cmocka_unit_test(test_sha256_threads),
