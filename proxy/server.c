@@ -2004,7 +2004,14 @@ static int claim_listen_address(const char *store_path, struct sockaddr_storage 
     }
     if (taken) {
         struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        if (fcntl(lock_fd, F_OFD_GETLK, &q) != 0 || q.l_type == F_UNLCK) {
+        if (fcntl(lock_fd, F_OFD_GETLK, &q) != 0) {
+            snprintf(err, errlen, "listen: cannot test the lock on %s: %s", path,
+                     strerror(errno));
+            close(lock_fd);
+            close(probe);
+            return -1;
+        }
+        if (q.l_type == F_UNLCK) {
             snprintf(err, errlen,
                      "listen: %s:%d is already in use by a process that is not an idemproxy "
                      "on store %s (sharing a port splits keys between stores)",
