@@ -1264,13 +1264,54 @@ static bool all_digits(const char *s)
     return *s == '\0';
 }
 
+/* RFC 9110 section 7.2 and RFC 3986 section 3.2.2: Host = uri-host [ ":"
+ * port ], uri-host an IP-literal ("[...]") or a reg-name (unreserved,
+ * percent-encoded and sub-delims characters), port = *DIGIT. Empty is
+ * allowed (a target without authority). Leading and trailing blanks are
+ * optional white space around the value. */
+static bool host_value_ok(const char *v, size_t n)
+{
+    static const char reg_name[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789-._~%!$&'()*+,;=";
+    size_t i = 0;
+
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (i < n && (v[i] == ' ' || v[i] == '\t'))
+        i++;
+    if (i < n && v[i] == '[') {
+        for (i++; i < n && v[i] != ']'; i++) {
+            if (v[i] == '\0' || (v[i] != ':' && strchr(reg_name, v[i]) == NULL))
+                return false;
+        }
+        if (i == n)
+            return false;
+        i++;
+    } else {
+        while (i < n && v[i] != ':') {
+            if (v[i] == '\0' || strchr(reg_name, v[i]) == NULL)
+                return false;
+            i++;
+        }
+    }
+    if (i < n) {
+        if (v[i] != ':')
+            return false;
+        for (i++; i < n; i++) {
+            if (v[i] < '0' || v[i] > '9')
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Headers are complete: everything decidable before the body. Returns
  * false when the request was answered (r->state is RS_RESPOND). */
 static bool on_headers(struct request *r, const char *method, const char *version)
 {
     const struct config *cfg = r->w->srv->cfg;
-    size_t n_te, n_cl;
-    const struct idem_header *cl, *te;
+    size_t n_te, n_cl, n_host;
+    const struct idem_header *cl, *te, *host;
     char detail[256];
 
     r->method = strdup(method);
@@ -1340,6 +1381,21 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         respond_problem(r, 400, "bad-framing", "Bad request framing",
                         "Transfer-Encoding other than a single chunked, Transfer-Encoding with "
                         "Content-Length, or a repeated or invalid Content-Length",
+                        "rejected", 0, true);
+        return false;
+    }
+    /* RFC 9112 section 3.2: an HTTP/1.1 request without Host, or any
+     * request with more than one or with a value that is not host[:port],
+     * MUST be answered 400. The Host is what X-Forwarded-Host tells the
+     * upstream; with two, the proxy and the upstream could each believe a
+     * different one. */
+    n_host = idem_headers_count(&r->headers, "Host");
+    host = idem_headers_find(&r->headers, "Host");
+    if (n_host > 1 || (n_host == 0 && !r->http10) ||
+        (host != NULL && !host_value_ok(host->value, host->value_len))) {
+        respond_problem(r, 400, "bad-host", "Bad Host header",
+                        "an HTTP/1.1 request needs exactly one Host header of the form "
+                        "host[:port]",
                         "rejected", 0, true);
         return false;
     }

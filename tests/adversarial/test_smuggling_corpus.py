@@ -268,10 +268,9 @@ def corpus():
         statuses=(400, 404, 405, 505), mhd=True)
     add("http-1-2", "either", lambda k, t: req(k, ["Content-Length: 2"], b"{}",
                                                 line="POST %s HTTP/1.2" % PATH), body=b"{}")
-    add("no-host-http11", "either", lambda k, t: req(k, ["Content-Length: 2"], b"{}", host=False),
-        body=b"{}")
-    add("two-hosts", "either", lambda k, t: req(k, ["Host: other.test", "Content-Length: 2"],
-                                                 b"{}"), body=b"{}")
+    add("no-host-http11", "reject", lambda k, t: req(k, ["Content-Length: 2"], b"{}", host=False))
+    add("two-hosts", "reject", lambda k, t: req(k, ["Host: other.test", "Content-Length: 2"],
+                                                 b"{}"))
     # Incomplete: the client goes away before the framing says the body ends.
     add("cl-longer-than-sent", "incomplete", lambda k, t: req(k, ["Content-Length: 1000"], b"{}"))
     add("chunked-never-terminated", "incomplete",

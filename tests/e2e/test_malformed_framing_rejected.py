@@ -98,6 +98,44 @@ class MalformedFraming(harness.ProxyTestCase):
                                          "Transfer-Encoding: chunked"], body))
         self.assertEqual(self.upstream.total(), 0)
 
+    def test_host_missing_repeated_or_malformed(self):
+        # RFC 9112 section 3.2: 400 for an HTTP/1.1 request without Host and
+        # for any request with two Host lines or a value that is not
+        # host[:port]; the Host becomes X-Forwarded-Host upstream.
+        proxy = self.start_proxy()
+        rest = ["Content-Type: application/json", "Content-Length: 2"]
+        cases = {
+            "none": ["POST /v1/payments HTTP/1.1"],
+            "two": ["POST /v1/payments HTTP/1.1", "Host: proxy.test", "Host: other.test"],
+            "two-http10": ["POST /v1/payments HTTP/1.0", "Host: a.test", "Host: b.test"],
+            "space": ["POST /v1/payments HTTP/1.1", "Host: proxy.test evil.test"],
+            "slash": ["POST /v1/payments HTTP/1.1", "Host: proxy.test/evil"],
+            "userinfo": ["POST /v1/payments HTTP/1.1", "Host: user@proxy.test"],
+            "port-not-digits": ["POST /v1/payments HTTP/1.1", "Host: proxy.test:80x"],
+            "open-bracket": ["POST /v1/payments HTTP/1.1", "Host: [::1"],
+        }
+        for name, lines in cases.items():
+            with self.subTest(host=name):
+                resp = self.check_rejected(proxy, head(lines + ["Idempotency-Key: host-" + name]
+                                                       + rest, b"{}"))
+                self.assertEqual(resp.json()["type"], "urn:idemproxy:problem:bad-host")
+        self.assertEqual(self.upstream.total(), 0)
+        # What the RFC allows still goes through: HTTP/1.0 without Host, an
+        # empty Host, a port, an IPv6 literal.
+        ok = {
+            "http10-none": ["POST /v1/payments HTTP/1.0"],
+            "empty": ["POST /v1/payments HTTP/1.1", "Host:"],
+            "port": ["POST /v1/payments HTTP/1.1", "Host: proxy.test:8080"],
+            "ipv6": ["POST /v1/payments HTTP/1.1", "Host: [::1]:8080"],
+        }
+        for name, lines in ok.items():
+            with self.subTest(host=name):
+                resp, _closed, _extra = harness.raw_exchange(
+                    proxy.port, head(lines + ["Idempotency-Key: host-" + name] + rest, b"{}"))
+                self.assertIsNotNone(resp, "connection dropped without an answer")
+                self.assertEqual(resp.status, 201, resp)
+        self.assertEqual(self.upstream.total(), len(ok))
+
     def test_proxy_still_serves_after_malformed_requests(self):
         proxy = self.start_proxy()
         self.check_rejected(proxy, head(BASE + ["Idempotency-Key: bad",
