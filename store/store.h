@@ -20,8 +20,10 @@
  *
  * Caveats, as lmdb.h puts them:
  *   - store_apply() runs every op of one call in ONE write transaction: that
- *     is the group commit. Ops are applied in order; later ops see earlier
- *     ones. Either all of them are committed or (on a hard error, a negative
+ *     is the group commit. The ops of one key are applied in the order
+ *     given, later ones seeing earlier ones; ops on different keys never see
+ *     each other, and the store may run them in another order (it runs them
+ *     in the order of their expiry-index entries). Either all of them are committed or (on a hard error, a negative
  *     return) none is, except for ops that report STORE_FULL, which are simply
  *     not applied while the others are.
  *   - Only one write transaction runs at a time across every process sharing

@@ -838,17 +838,13 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     return STORE_OK;
 }
 
-/* store_apply_purge(): the ops as store_apply() would apply them, plus up to
- * max_purge purge steps in the same transaction. The purge is best effort:
- * when its part fails (a full map, a disk error), the transaction is run
- * again without it, so what the ops get never depends on the purge. */
 /* The order a batch's ops run in. Every ACQUIRE and COMPLETE of a batch
  * shares "now", so the expiry-index entries they write are ordered by TTL,
  * then by record key; run in that order, each entry goes at the end of the
  * index. In arrival order half of them land before the previous one, and
  * LMDB splits the full page they land on in half each time: the index ends
  * up a third full instead of half (what the later deletes of the acquires'
- * entries leave), and the store ~10 % larger. Ops of one key keep the order
+ * entries leave), and the store ~9 % larger. Ops of one key keep the order
  * they came in (they see each other's writes); ops on different keys do not
  * see each other, so the order changes no outcome. */
 struct op_order {
@@ -921,6 +917,10 @@ static size_t *batch_order(const struct store_op *ops, size_t n)
     return order;
 }
 
+/* store_apply_purge(): the ops as store_apply() would apply them, plus up to
+ * max_purge purge steps in the same transaction. The purge is best effort:
+ * when its part fails (a full map, a disk error), the transaction is run
+ * again without it, so what the ops get never depends on the purge. */
 static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t max_purge,
                             size_t *purged, bool *more)
 {
