@@ -191,12 +191,30 @@ static void write_report(void)
     fclose(f);
 }
 
+static atomic_int deliver_pause_ms;
+
+void idem_fault_deliver_pause(int evfd)
+{
+    int ms = atomic_load_explicit(&deliver_pause_ms, memory_order_relaxed);
+    uint64_t one = 1;
+
+    if (ms <= 0)
+        return;
+    if (write(evfd, &one, sizeof(one)) < 0) {
+        /* a full counter already means "wake" */
+    }
+    usleep((useconds_t)ms * 1000);
+}
+
 void idem_fault_arm(void)
 {
     const char *a = getenv("IDEM_FAULT_ALLOC_NTH");
+    const char *pause = getenv("IDEM_FAULT_DELIVER_PAUSE_MS");
     void *warm[1];
     Dl_info self;
 
+    if (pause != NULL)
+        atomic_store(&deliver_pause_ms, atoi(pause));
     count_file = getenv("IDEM_FAULT_COUNT_FILE");
     if (a == NULL && getenv("IDEM_FAULT_LMDB_NTH") == NULL && count_file == NULL) {
         return;

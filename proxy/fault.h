@@ -20,6 +20,12 @@
  *
  * With none of these set, nothing is counted. A failed allocation also
  * prints "idemproxy: fault: ..." and its stack to stderr when it happens.
+ *
+ *   IDEM_FAULT_DELIVER_PAUSE_MS=N   after handing each store result to its
+ *                            worker, the writer wakes that worker and sleeps
+ *                            N ms: a writer preempted right there, so the
+ *                            worker may run the result, answer and free the
+ *                            request meanwhile
  */
 #ifndef IDEM_FAULT_H
 #define IDEM_FAULT_H
@@ -28,8 +34,12 @@
 /* Starts counting (main thread, once the server is up, so that startup is
  * not counted). */
 void idem_fault_arm(void);
+/* The IDEM_FAULT_DELIVER_PAUSE_MS pause (writer thread; evfd: the worker's
+ * wake-up eventfd). */
+void idem_fault_deliver_pause(int evfd);
 #else
 #define idem_fault_arm() ((void)0)
+#define idem_fault_deliver_pause(evfd) ((void)(evfd))
 #endif
 
 #endif

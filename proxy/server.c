@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "policy.h"
 #include "writer.h"
 
@@ -559,18 +560,28 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
     for (size_t i = 0; i < n; i++) {
         struct request *r = jobs[i]->owner;
         struct worker *w = r->w;
+        /* Read the job before handing it over: the job lives in its
+         * request, and once it is in the inbox the worker may run it,
+         * answer, and free the request before this loop goes on
+         * (tests/faults/test_deliver_race.py). */
+        bool settled = broadcast && jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_DONE &&
+                       (jobs[i]->op.kind == STORE_OP_COMPLETE ||
+                        jobs[i]->op.kind == STORE_OP_RELEASE);
+        uint8_t key[STORE_KEY_BYTES];
+
+        memcpy(key, jobs[i]->op.key, STORE_KEY_BYTES);
         pthread_mutex_lock(&w->inbox_lock);
         jobs[i]->next = w->inbox_jobs;
         w->inbox_jobs = jobs[i];
         pthread_mutex_unlock(&w->inbox_lock);
+        idem_fault_deliver_pause(w->evfd);
         touched[w->index] = true;
-        if (broadcast && jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_DONE &&
-            (jobs[i]->op.kind == STORE_OP_COMPLETE || jobs[i]->op.kind == STORE_OP_RELEASE)) {
+        if (settled) {
             for (unsigned k = 0; k < srv->n_workers; k++) {
                 struct inbox_key *m = malloc(sizeof(*m));
                 if (m == NULL)
                     continue; /* the waiter's poll finds it instead */
-                memcpy(m->key, jobs[i]->op.key, STORE_KEY_BYTES);
+                memcpy(m->key, key, STORE_KEY_BYTES);
                 pthread_mutex_lock(&srv->workers[k].inbox_lock);
                 m->next = srv->workers[k].inbox_keys;
                 srv->workers[k].inbox_keys = m;
