@@ -1,9 +1,28 @@
 /*
  * store_lmdb.c - the LMDB backend.
  *
- * Two named databases in one environment:
- *   records  32-byte record key -> encoded record (record.c)
- *   expiry   8-byte big-endian purge time + 32-byte record key -> empty
+ * Three named databases in one environment:
+ *   records   32-byte record key -> encoded record (record.c): COMPLETE ones
+ *   inflight  32-byte record key -> encoded record: IN_PROGRESS ones
+ *   expiry    8-byte big-endian purge time + 32-byte record key -> empty
+ *   meta      "layout" -> the layout of the other three, 4 bytes LE
+ * A key is in at most one of records and inflight. IN_PROGRESS records live
+ * apart because they are few at any time (one per request in flight): the
+ * acquires of a batch then share a handful of leaf pages instead of writing
+ * one leaf each of the large records tree, which the completion writes again
+ * a commit later. Each commit writes fewer pages, and the pages are what a
+ * durable commit costs (docs/benchmarks.md). A store written before the split
+ * may hold IN_PROGRESS records in records; every op finds a record in either
+ * and moves it to the table its new state belongs in.
+ *
+ * The layout (STORE_LAYOUT) is 1 for a store without meta (records and
+ * expiry only) and 2 since inflight. A process that does not know a layout
+ * would not find every record in it: a record in flight where it does not
+ * look could be acquired again and its request run twice. So opening a store
+ * of a newer layout fails, and every write transaction checks the layout
+ * first and fails (STORE_EIO: the proxy answers 503) once a newer process
+ * has raised it. Processes older than layout 2 check nothing (README.md,
+ * upgrading).
  * The expiry index lets purge walk records in order of the time they become
  * purgeable instead of scanning everything. Invariant, kept inside every
  * write transaction: each record has exactly one index entry, and its time
@@ -36,6 +55,8 @@
 
 #define LMDB_DEFAULT_MAP_BYTES ((uint64_t)1 << 30)
 #define LMDB_MAX_DBS 4
+#define STORE_LAYOUT 2u
+#define LAYOUT_KEY "layout"
 /* Reader slots are shared by every process on the path; each pooled read
  * transaction holds one. */
 #define LMDB_MAX_READERS 1024
@@ -104,7 +125,9 @@
 struct lmdb_store {
     MDB_env *env;
     MDB_dbi records;
+    MDB_dbi inflight;
     MDB_dbi expiry;
+    MDB_dbi meta;
     struct store_clock clock;
     uint64_t page_bytes;
     uint64_t reserve_pages;
@@ -195,6 +218,52 @@ static int map_err(int rc)
     return e;
 }
 
+/* The store's layout as txn sees it (0: not written, a store older than
+ * the meta table). */
+static int layout_read(const struct lmdb_store *s, MDB_txn *txn, uint32_t *out)
+{
+    MDB_val kv = {sizeof(LAYOUT_KEY) - 1, (void *)LAYOUT_KEY};
+    MDB_val dv;
+    int rc = mdb_get(txn, s->meta, &kv, &dv);
+
+    *out = 0;
+    if (rc == MDB_NOTFOUND) {
+        return STORE_OK;
+    }
+    if (rc != 0) {
+        return map_err(rc);
+    }
+    if (dv.mv_size != 4) {
+        return STORE_ECORRUPT;
+    }
+    for (size_t i = 0; i < 4; i++) {
+        *out |= (uint32_t)((const uint8_t *)dv.mv_data)[i] << (8 * i);
+    }
+    return STORE_OK;
+}
+
+/* Begins a write transaction on a store whose layout is still this code's:
+ * another process may have raised it since this one opened the store. */
+static int write_begin(struct lmdb_store *s, MDB_txn **out)
+{
+    MDB_txn *txn = NULL;
+    uint32_t layout = 0;
+    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
+
+    if (rc == STORE_OK) {
+        rc = layout_read(s, txn, &layout);
+        if (rc == STORE_OK && layout != STORE_LAYOUT) {
+            rc = STORE_EIO;
+        }
+        if (rc != STORE_OK) {
+            mdb_txn_abort(txn);
+            txn = NULL;
+        }
+    }
+    *out = txn;
+    return rc;
+}
+
 static int64_t now_ms(const struct lmdb_store *s)
 {
     return s->clock.now_ms(s->clock.ctx);
@@ -258,51 +327,81 @@ static int index_del(struct lmdb_store *s, MDB_txn *txn, int64_t t,
     return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
-/* Loads a record into a view that borrows from the transaction. */
-static int record_load(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
-                       struct store_record_view *v, bool *found)
+/* Where a record is: COMPLETE ones in records, IN_PROGRESS ones in
+ * inflight (and, written before the split, in records too). */
+enum rec_table { REC_NONE = 0, REC_RECORDS, REC_INFLIGHT };
+
+static MDB_dbi table_dbi(const struct lmdb_store *s, enum rec_table t)
 {
+    return t == REC_INFLIGHT ? s->inflight : s->records;
+}
+
+/* Loads a record into a view that borrows from the transaction, looking in
+ * inflight first when inflight_first (ops that need it IN_PROGRESS), else
+ * in records first. *where says which table holds the key, set even when
+ * the value does not decode (STORE_ECORRUPT), so that it can be deleted. */
+static int record_load(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                       struct store_record_view *v, bool *found, enum rec_table *where,
+                       bool inflight_first)
+{
+    const enum rec_table order[2] = {inflight_first ? REC_INFLIGHT : REC_RECORDS,
+                                     inflight_first ? REC_RECORDS : REC_INFLIGHT};
     MDB_val kv = {STORE_KEY_BYTES, (void *)key};
     MDB_val dv;
-    int rc = LMDB_CALL(mdb_get(txn, s->records, &kv, &dv));
+    int rc = STORE_OK;
 
     *found = false;
-    if (rc == MDB_NOTFOUND) {
-        memset(v, 0, sizeof(*v));
-        rc = STORE_OK;
-    } else if (rc != 0) {
-        rc = map_err(rc);
-    } else {
-        rc = store_record_parse(dv.mv_data, dv.mv_size, v);
-        *found = rc == STORE_OK;
+    *where = REC_NONE;
+    memset(v, 0, sizeof(*v));
+    for (size_t i = 0; i < 2; i++) {
+        int got = LMDB_CALL(mdb_get(txn, table_dbi(s, order[i]), &kv, &dv));
+        if (got == MDB_NOTFOUND) {
+            continue;
+        }
+        if (got != 0) {
+            rc = map_err(got);
+        } else {
+            *where = order[i];
+            rc = store_record_parse(dv.mv_data, dv.mv_size, v);
+            *found = rc == STORE_OK;
+        }
+        break;
     }
     return rc;
 }
 
-/* Encodes v straight into space LMDB reserves for the value. v must not
- * borrow from the database itself (the reserve may move pages): every
- * caller builds it from its own fields and caller spans. */
-static int record_put(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
-                      const struct store_record_view *v)
+/* Deletes the key from table t (REC_NONE: nothing to delete). */
+static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                      enum rec_table t)
 {
+    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
+    int rc = t == REC_NONE ? MDB_NOTFOUND : LMDB_WRITE(mdb_del(txn, table_dbi(s, t), &kv, NULL));
+    return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
+}
+
+/* Encodes v straight into space LMDB reserves for the value, in the table
+ * its state belongs in, and deletes the key from the table it was in
+ * (from), when that is the other one. v must not borrow from the database
+ * itself (the reserve may move pages): every caller builds it from its own
+ * fields and caller spans. */
+static int record_put(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                      const struct store_record_view *v, enum rec_table from)
+{
+    enum rec_table to = v->state == STORE_STATE_IN_PROGRESS ? REC_INFLIGHT : REC_RECORDS;
     MDB_val kv = {STORE_KEY_BYTES, (void *)key};
     MDB_val dv = {0, NULL};
     int rc = store_record_size(v, &dv.mv_size);
 
     if (rc == STORE_OK) {
-        rc = map_err(LMDB_WRITE(mdb_put(txn, s->records, &kv, &dv, MDB_RESERVE)));
+        rc = map_err(LMDB_WRITE(mdb_put(txn, table_dbi(s, to), &kv, &dv, MDB_RESERVE)));
     }
     if (rc == STORE_OK) {
         store_record_write(v, dv.mv_data);
+        if (from != to) {
+            rc = record_del(s, txn, key, from);
+        }
     }
     return rc;
-}
-
-static int record_del(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES])
-{
-    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
-    int rc = LMDB_WRITE(mdb_del(txn, s->records, &kv, NULL));
-    return rc == MDB_NOTFOUND ? STORE_OK : map_err(rc);
 }
 
 /* Fills buf from the kernel's CSPRNG. */
@@ -547,9 +646,10 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
 {
     struct store_record_view cur;
     struct store_record_view next;
+    enum rec_table where = REC_NONE;
     bool found = false;
     bool same_fp;
-    int rc = record_load(s, txn, op->key, &cur, &found);
+    int rc = record_load(s, txn, op->key, &cur, &found, &where, false);
 
     if (rc != STORE_OK) {
         goto out;
@@ -594,7 +694,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     if (op->has_raw_fingerprint) {
         memcpy(next.raw_fingerprint, op->raw_fingerprint, STORE_FINGERPRINT_BYTES);
     }
-    rc = record_put(s, txn, op->key, &next);
+    rc = record_put(s, txn, op->key, &next, where);
     if (rc == STORE_OK) {
         rc = index_put(s, txn, next.expires_ms, op->key);
     }
@@ -617,9 +717,10 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
 {
     struct store_record_view cur;
     struct store_record_view next;
+    enum rec_table where = REC_NONE;
     bool found = false;
     size_t size = 0;
-    int rc = record_load(s, txn, op->key, &cur, &found);
+    int rc = record_load(s, txn, op->key, &cur, &found, &where, true);
 
     if (rc != STORE_OK) {
         goto out;
@@ -657,7 +758,7 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
             rc = index_del(s, txn, cur.expires_ms, op->key);
         }
         if (rc == STORE_OK) {
-            rc = record_put(s, txn, op->key, &next);
+            rc = record_put(s, txn, op->key, &next, where);
         }
         if (rc == STORE_OK) {
             rc = index_put(s, txn, next.expires_ms, op->key);
@@ -667,12 +768,12 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
         /* No failed state: the row goes, and the key is as if never used. */
         rc = index_del(s, txn, cur.expires_ms, op->key);
         if (rc == STORE_OK) {
-            rc = record_del(s, txn, op->key);
+            rc = record_del(s, txn, op->key, where);
         }
         break;
     default: /* STORE_OP_EXTEND; the index follows expires_ms, not the lease */
         next.lease_expires_ms = add_ms(now, op->lease_ms);
-        rc = record_put(s, txn, op->key, &next);
+        rc = record_put(s, txn, op->key, &next, where);
         res->lease_expires_ms = next.lease_expires_ms;
         break;
     }
@@ -709,7 +810,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     int64_t now;
     struct space sp;
     bool purging = false;
-    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
+    int rc = write_begin(s, &txn);
 
     memset(&sp, 0, sizeof(sp));
     if (ps != NULL) {
@@ -787,9 +888,9 @@ static int settle_after_purge(struct lmdb_store *s)
     uint8_t probe = 0;
     MDB_val kv = {sizeof(probe), &probe};
     MDB_val dv = {0, NULL};
-    int rc = LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn));
+    int rc = write_begin(s, &txn);
 
-    if (rc == 0) {
+    if (rc == STORE_OK) {
         rc = LMDB_WRITE(mdb_put(txn, s->records, &kv, &dv, 0));
         if (rc == 0) {
             rc = LMDB_WRITE(mdb_del(txn, s->records, &kv, NULL));
@@ -799,11 +900,12 @@ static int settle_after_purge(struct lmdb_store *s)
         } else {
             mdb_txn_abort(txn);
         }
+        rc = map_err(rc);
     }
-    if (rc == 0) {
+    if (rc == STORE_OK) {
         atomic_fetch_add(&s->commits, 1);
     }
-    return map_err(rc);
+    return rc;
 }
 
 /* The batch hit MDB_MAP_FULL (after which LMDB requires the transaction to be
@@ -985,6 +1087,7 @@ static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store
     struct lmdb_store *s = impl;
     MDB_txn *txn = NULL;
     struct store_record_view v;
+    enum rec_table where = REC_NONE;
     bool found = false;
     int rc;
 
@@ -993,7 +1096,7 @@ static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = record_load(s, txn, key, &v, &found);
+    rc = record_load(s, txn, key, &v, &found, &where, false);
     /* A COMPLETE record past its TTL is absent even before a purge. */
     if (rc == STORE_OK && found &&
         !(v.state == STORE_STATE_COMPLETE && v.expires_ms <= now_ms(s))) {
@@ -1032,6 +1135,7 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         uint8_t ik[INDEX_KEY_BYTES];
         const uint8_t *key = ik + 8;
         struct store_record_view v;
+        enum rec_table where = REC_NONE;
         bool found = false;
         int64_t t;
         int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_FIRST));
@@ -1061,11 +1165,11 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         }
         handled++;
         *changed = true;
-        rc = record_load(s, txn, key, &v, &found);
+        rc = record_load(s, txn, key, &v, &found, &where, false);
         if (rc == STORE_ECORRUPT) {
             /* An undecodable record can never be served, and its due entry
              * would block purging forever: it goes. */
-            rc = record_del(s, txn, key);
+            rc = record_del(s, txn, key, where);
             if (rc == STORE_OK) {
                 rc = index_del(s, txn, t, key);
                 (*deleted)++;
@@ -1080,7 +1184,7 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         } else if (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= now) {
             /* COMPLETE past its TTL, or IN_PROGRESS past its TTL whose lease
              * expired too (CONTRACT.md section 2, purge). */
-            rc = record_del(s, txn, key);
+            rc = record_del(s, txn, key, where);
             if (rc == STORE_OK) {
                 rc = index_del(s, txn, t, key);
             }
@@ -1102,7 +1206,7 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             memcpy(next.raw_fingerprint, v.raw_fingerprint, STORE_FINGERPRINT_BYTES);
             rc = index_del(s, txn, t, key);
             if (rc == STORE_OK) {
-                rc = record_put(s, txn, key, &next);
+                rc = record_put(s, txn, key, &next, where);
             }
             if (rc == STORE_OK) {
                 rc = index_put(s, txn, next.expires_ms, key);
@@ -1295,7 +1399,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     MDB_txn *txn = NULL;
     size_t deleted = 0;
     bool changed = false;
-    int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
+    int rc = write_begin(s, &txn);
 
     *purged = 0;
     *more = false;
@@ -1395,11 +1499,15 @@ static int lmdb_stats(void *impl, struct store_stats *out)
         goto out;
     }
     rc = map_err(mdb_stat(txn, s->records, &st));
+    out->records = (uint64_t)st.ms_entries;
+    if (rc == STORE_OK) {
+        rc = map_err(mdb_stat(txn, s->inflight, &st));
+        out->records += (uint64_t)st.ms_entries;
+    }
     read_end(s, txn);
     if (rc != STORE_OK) {
         goto out;
     }
-    out->records = (uint64_t)st.ms_entries;
     rc = map_err(mdb_env_info(s->env, &info));
     if (rc == STORE_OK) {
         rc = map_err(mdb_env_stat(s->env, &st));
@@ -1416,20 +1524,18 @@ out:
     return rc;
 }
 
-static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
+/* Calls fn for every record of one table; *stop says fn asked to stop. */
+static int scan_table(MDB_txn *txn, MDB_dbi dbi, store_scan_fn fn, void *ctx, bool *stop)
 {
-    struct lmdb_store *s = impl;
-    MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     MDB_val kv;
     MDB_val dv;
-    int rc = read_begin(s, &txn);
     MDB_cursor_op step = MDB_FIRST;
+    int rc = map_err(LMDB_CALL(mdb_cursor_open(txn, dbi, &cur)));
 
     if (rc != STORE_OK) {
-        goto out;
+        return rc;
     }
-    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->records, &cur)));
     while (rc == STORE_OK) {
         struct store_record rec;
         uint8_t key[STORE_KEY_BYTES];
@@ -1448,17 +1554,33 @@ static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
         if (rc != STORE_OK) {
             break;
         }
-        int stop = fn(key, &rec, ctx);
+        *stop = fn(key, &rec, ctx) != 0;
         store_record_clear(&rec);
-        if (stop != 0) {
+        if (*stop) {
             break;
         }
     }
-    if (cur != NULL) {
-        mdb_cursor_close(cur);
+    mdb_cursor_close(cur);
+    return rc;
+}
+
+/* Every record: the COMPLETE ones (and older IN_PROGRESS ones) in key
+ * order, then the IN_PROGRESS ones in key order. */
+static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    bool stop = false;
+    int rc = read_begin(s, &txn);
+
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    rc = scan_table(txn, s->records, fn, ctx, &stop);
+    if (rc == STORE_OK && !stop) {
+        rc = scan_table(txn, s->inflight, fn, ctx, &stop);
     }
     read_end(s, txn);
-out:
     return rc;
 }
 
@@ -1507,42 +1629,76 @@ out:
     return rc;
 }
 
-/* Opens both databases in one transaction of the given kind; committing
- * keeps the handles (a read-only commit writes nothing). */
-static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags)
+/* Opens the four databases in one transaction of the given kind, and reads
+ * the layout; a write transaction writes this code's layout over an older
+ * one. Committing keeps the handles (a read-only commit writes nothing). */
+static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags,
+                       uint32_t *layout)
 {
     MDB_txn *txn = NULL;
     int lrc = mdb_txn_begin(s->env, NULL, txn_flags, &txn);
+    int rc = STORE_OK;
 
     if (lrc == 0) {
         lrc = mdb_dbi_open(txn, "records", db_flags, &s->records);
     }
     if (lrc == 0) {
+        lrc = mdb_dbi_open(txn, "inflight", db_flags, &s->inflight);
+    }
+    if (lrc == 0) {
         lrc = mdb_dbi_open(txn, "expiry", db_flags, &s->expiry);
     }
     if (lrc == 0) {
+        lrc = mdb_dbi_open(txn, "meta", db_flags, &s->meta);
+    }
+    if (lrc == 0) {
+        rc = layout_read(s, txn, layout);
+    }
+    if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) && *layout < STORE_LAYOUT) {
+        uint8_t v[4] = {STORE_LAYOUT & 0xff, (STORE_LAYOUT >> 8) & 0xff,
+                        (STORE_LAYOUT >> 16) & 0xff, STORE_LAYOUT >> 24};
+        MDB_val kv = {sizeof(LAYOUT_KEY) - 1, (void *)LAYOUT_KEY};
+        MDB_val dv = {sizeof(v), v};
+        lrc = mdb_put(txn, s->meta, &kv, &dv, 0);
+        *layout = STORE_LAYOUT;
+    }
+    if (lrc == 0 && rc == STORE_OK) {
         lrc = mdb_txn_commit(txn);
     } else if (txn != NULL) {
         mdb_txn_abort(txn);
     }
-    return lrc;
+    return lrc != 0 ? lrc : rc == STORE_OK ? 0 : MDB_CORRUPTED;
 }
 
-/* Opens the two databases. An existing store is opened read-only, so that
- * opening one beside running proxies (check-store, a second process) neither
- * waits for the writer lock nor writes; only a new store takes a write
- * transaction to create them. */
+/* Opens the databases. An existing store of this layout is opened
+ * read-only, so that opening one beside running proxies (check-store, a
+ * second process) neither waits for the writer lock nor writes; a new store,
+ * or one of an older layout, takes a write transaction to create what is
+ * missing and record the layout. A store of a newer layout is refused. */
 static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
 {
-    int lrc = open_dbs_in(s, MDB_RDONLY, 0);
+    uint32_t layout = 0;
+    int lrc = open_dbs_in(s, MDB_RDONLY, 0, &layout);
 
-    if (lrc == MDB_NOTFOUND) {
-        lrc = open_dbs_in(s, 0, MDB_CREATE);
+    if (lrc == MDB_NOTFOUND || (lrc == 0 && layout < STORE_LAYOUT)) {
+        lrc = open_dbs_in(s, 0, MDB_CREATE, &layout);
+    }
+    if (lrc == MDB_CORRUPTED) {
+        snprintf(err, errlen, "store: cannot open databases: the layout record is malformed");
+        return STORE_ECORRUPT;
     }
     if (lrc != 0) {
         snprintf(err, errlen, "store: cannot open databases: %s", mdb_strerror(lrc));
+        return map_err(lrc);
     }
-    return map_err(lrc);
+    if (layout > STORE_LAYOUT) {
+        snprintf(err, errlen,
+                 "store: written by a newer idemproxy (store layout %u, this one knows up to "
+                 "%u); run that version or newer on it",
+                 (unsigned)layout, STORE_LAYOUT);
+        return STORE_EINVAL;
+    }
+    return STORE_OK;
 }
 
 static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)

@@ -1249,6 +1249,226 @@ static void test_v1_record_in_store(void **state)
     assert_int_equal(records_in(f->st), 0);
 }
 
+/* Which of the store's record tables hold a key, read with LMDB itself (the
+ * store closed meanwhile): IN_RECORDS, IN_INFLIGHT, both or neither. */
+#define IN_RECORDS 1
+#define IN_INFLIGHT 2
+static int tables_holding(const char *path, const char *name)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    uint8_t key[STORE_KEY_BYTES];
+    MDB_val k = {sizeof(key), key};
+    MDB_val v;
+    int in = 0;
+
+    key_of(name, key);
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, MDB_RDONLY, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &dbi), 0);
+    if (mdb_get(txn, dbi, &k, &v) == 0)
+        in |= IN_RECORDS;
+    assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
+    if (mdb_get(txn, dbi, &k, &v) == 0)
+        in |= IN_INFLIGHT;
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return in;
+}
+
+/* Closes the fixture's store, returns which tables hold name, reopens. */
+static int closed_tables_holding(struct fixture *f, const char *name)
+{
+    int in;
+    store_close(f->st);
+    f->st = NULL;
+    in = tables_holding(f->path, name);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    return in;
+}
+
+/* IN_PROGRESS records live in inflight, COMPLETE ones in records, and a
+ * key is never in both: every edge moves it. */
+static void test_in_progress_and_complete_live_apart(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_op c;
+    size_t purged = 0;
+
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(closed_tables_holding(f, "a"), IN_INFLIGHT);
+    assert_int_equal(extend(f->st, "a", a.lease_id, 5000), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "a"), IN_INFLIGHT);
+    assert_int_equal(complete(f->st, "a", a.lease_id, 60000, "done"), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "a"), IN_RECORDS);
+    assert_int_equal(state_of(f->st, "a"), STORE_STATE_COMPLETE);
+
+    assert_int_equal(acquire(f->st, "b", 'b', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_int_equal(release(f->st, "b", b.lease_id), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "b"), 0);
+
+    /* A steal stays in inflight; an expired COMPLETE acquired afresh moves
+     * there from records. */
+    assert_int_equal(acquire(f->st, "c", 'c', 1000, 60000, &c), STORE_ACQUIRED);
+    advance(f, 2000);
+    assert_int_equal(acquire(f->st, "c", 'c', 1000, 60000, &c), STORE_ACQUIRED);
+    assert_true(c.stolen);
+    assert_int_equal(closed_tables_holding(f, "c"), IN_INFLIGHT);
+    advance(f, 60000);
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(closed_tables_holding(f, "a"), IN_INFLIGHT);
+    assert_int_equal(records_in(f->st), 2);
+
+    /* Purge finds IN_PROGRESS records in inflight too. */
+    advance(f, 120000);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 2);
+    assert_int_equal(records_in(f->st), 0);
+    assert_int_equal(closed_tables_holding(f, "a"), 0);
+    assert_int_equal(closed_tables_holding(f, "c"), 0);
+}
+
+/* Drops the inflight and meta tables, as a store written before they
+ * existed (layout 1) lacks them. */
+static void drop_layout_2_tables(const char *path)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
+    assert_int_equal(mdb_drop(txn, dbi, 1), 0);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_drop(txn, dbi, 1), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* Writes the store's layout record behind its back; returns the old one. */
+static uint32_t set_layout(const char *path, uint32_t layout)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    uint8_t b[4] = {(uint8_t)layout, (uint8_t)(layout >> 8), (uint8_t)(layout >> 16),
+                    (uint8_t)(layout >> 24)};
+    MDB_val k = {6, "layout"};
+    MDB_val v = {sizeof(b), b};
+    MDB_val old;
+    uint32_t was = 0;
+
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_get(txn, dbi, &k, &old), 0);
+    assert_int_equal(old.mv_size, 4);
+    for (int i = 0; i < 4; i++)
+        was |= (uint32_t)((const uint8_t *)old.mv_data)[i] << (8 * i);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    return was;
+}
+
+/* A store of a newer layout is refused at open; and once a newer process
+ * raises the layout under a running one, that one's writes fail (nothing
+ * applied) instead of acquiring keys whose records it may not see. */
+static void test_newer_layout_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct store_options opt;
+    struct store_op a;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES];
+    char err[256] = "";
+    size_t purged = 0;
+    pid_t pid;
+    int status = 0;
+
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(set_layout(f->path, 3), 2);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
+    assert_null(st);
+    assert_non_null(strstr(err, "newer idemproxy (store layout 3"));
+
+    assert_int_equal(set_layout(f->path, 2), 3);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    /* Another process (this one may not open the path twice) raises it. */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        _exit(set_layout(f->path, 3) == 2 ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    key_of("b", key);
+    fp_of('b', fp);
+    memset(&a, 0, sizeof(a));
+    assert_int_equal(store_acquire(f->st, key, fp, 1000, 60000, &a), STORE_EIO);
+    assert_int_equal(a.outcome, 0);
+    advance(f, 120000);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), STORE_EIO);
+    assert_int_equal(records_in(f->st), 1); /* reads still work */
+}
+
+/* A store written before the split holds IN_PROGRESS records in records and
+ * has no inflight table: it opens, and every edge finds such a record and
+ * leaves it in the table its new state belongs in. */
+static void test_in_progress_from_before_the_split(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t lease[STORE_LEASE_ID_BYTES];
+    struct store_op o;
+    size_t purged = 0;
+    const char *names[] = {"ext", "rel", "steal", "done", "purged"};
+
+    store_close(f->st);
+    f->st = NULL;
+    memset(lease, 0x42, sizeof(lease));
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        int64_t expires = strcmp(names[i], "purged") == 0 ? T0 + 500 : T0 + 60000;
+        put_v1_in_progress(f->path, names[i], 'c', lease, T0 + 1000, expires);
+    }
+    drop_layout_2_tables(f->path);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    assert_int_equal(records_in(f->st), 5);
+    assert_int_equal(closed_tables_holding(f, "ext"), IN_RECORDS);
+
+    assert_int_equal(acquire(f->st, "rel", 'c', 1000, 60000, &o), STORE_BUSY);
+    assert_int_equal(extend(f->st, "ext", lease, 30000), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "ext"), IN_INFLIGHT);
+    assert_int_equal(release(f->st, "rel", lease), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "rel"), 0);
+    assert_int_equal(complete(f->st, "done", lease, 60000, "ok"), STORE_DONE);
+    assert_int_equal(closed_tables_holding(f, "done"), IN_RECORDS);
+
+    advance(f, 2000); /* the leases of "steal" and "purged" expire */
+    assert_int_equal(acquire(f->st, "steal", 'c', 1000, 60000, &o), STORE_ACQUIRED);
+    assert_true(o.stolen);
+    assert_int_equal(closed_tables_holding(f, "steal"), IN_INFLIGHT);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(closed_tables_holding(f, "purged"), 0);
+    assert_int_equal(records_in(f->st), 3);
+}
+
 static void test_same_key_two_scopes_two_records(void **state)
 {
     struct fixture *f = *state;
@@ -2522,6 +2742,9 @@ int main(void)
         STORE_TEST(test_acquire_raw_then_canonical),
         STORE_TEST(test_lease_ids_unique_across_refills),
         STORE_TEST(test_v1_record_in_store),
+        STORE_TEST(test_in_progress_and_complete_live_apart),
+        STORE_TEST(test_in_progress_from_before_the_split),
+        STORE_TEST(test_newer_layout_refused),
         STORE_TEST(test_same_key_two_scopes_two_records),
         STORE_TEST(test_group_apply_one_txn_in_order),
         STORE_TEST(test_apply_rejects_bad_ops_untouched),
