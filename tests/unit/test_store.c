@@ -1163,6 +1163,30 @@ static void test_acquire_raw_then_canonical(void **state)
     assert_int_equal(o.outcome, STORE_MISMATCH);
 }
 
+/* Opens the store at path with LMDB itself, behind the store's back (it
+ * must be closed meanwhile, or the open be in another process), and begins
+ * a transaction; raw_end() commits it (aborts a read-only one) and closes. */
+static MDB_txn *raw_begin(const char *path, bool rdonly, MDB_env **env)
+{
+    unsigned int flags = rdonly ? MDB_RDONLY : 0;
+    MDB_txn *txn = NULL;
+
+    assert_int_equal(mdb_env_create(env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(*env, 4), 0);
+    assert_int_equal(mdb_env_open(*env, path, flags, 0600), 0);
+    assert_int_equal(mdb_txn_begin(*env, NULL, flags, &txn), 0);
+    return txn;
+}
+
+static void raw_end(MDB_env *env, MDB_txn *txn, bool rdonly)
+{
+    if (rdonly)
+        mdb_txn_abort(txn);
+    else
+        assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
 /* Writes a version-1 IN_PROGRESS record behind the store's back, as a
  * store written before version 2 holds it (record.c layout). */
 static void put_v1_in_progress(const char *path, const char *name, uint8_t canon,
@@ -1194,16 +1218,12 @@ static void put_v1_in_progress(const char *path, const char *name, uint8_t canon
     }
     memset(rec + 34, canon, STORE_FINGERPRINT_BYTES);
     memcpy(idx + 8, key, STORE_KEY_BYTES);
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    txn = raw_begin(path, false, &env);
     assert_int_equal(mdb_dbi_open(txn, "records", 0, &records), 0);
     assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &expiry), 0);
     assert_int_equal(mdb_put(txn, records, &k, &v, 0), 0);
     assert_int_equal(mdb_put(txn, expiry, &ik, &iv, 0), 0);
-    assert_int_equal(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
+    raw_end(env, txn, false);
 }
 
 /* A store written before version 2 survives the upgrade: its records are
@@ -1264,18 +1284,14 @@ static int tables_holding(const char *path, const char *name)
     int in = 0;
 
     key_of(name, key);
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, MDB_RDONLY, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    txn = raw_begin(path, true, &env);
     assert_int_equal(mdb_dbi_open(txn, "records", 0, &dbi), 0);
     if (mdb_get(txn, dbi, &k, &v) == 0)
         in |= IN_RECORDS;
     assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
     if (mdb_get(txn, dbi, &k, &v) == 0)
         in |= IN_INFLIGHT;
-    mdb_txn_abort(txn);
-    mdb_env_close(env);
+    raw_end(env, txn, true);
     return in;
 }
 
@@ -1341,16 +1357,12 @@ static void drop_layout_2_tables(const char *path)
     MDB_txn *txn = NULL;
     MDB_dbi dbi;
 
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    txn = raw_begin(path, false, &env);
     assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
     assert_int_equal(mdb_drop(txn, dbi, 1), 0);
     assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
     assert_int_equal(mdb_drop(txn, dbi, 1), 0);
-    assert_int_equal(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
+    raw_end(env, txn, false);
 }
 
 /* Writes the store's layout record behind its back; returns the old one. */
@@ -1366,18 +1378,14 @@ static uint32_t set_layout(const char *path, uint32_t layout)
     MDB_val old;
     uint32_t was = 0;
 
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    txn = raw_begin(path, false, &env);
     assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
     assert_int_equal(mdb_get(txn, dbi, &k, &old), 0);
     assert_int_equal(old.mv_size, 4);
     for (int i = 0; i < 4; i++)
         was |= (uint32_t)((const uint8_t *)old.mv_data)[i] << (8 * i);
     assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
-    assert_int_equal(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
+    raw_end(env, txn, false);
     return was;
 }
 
@@ -1882,14 +1890,10 @@ static void corrupt_record(const char *path, const char *name)
     MDB_val v = {5, "\x01\x07junk"};
 
     key_of(name, key);
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, 0, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    txn = raw_begin(path, false, &env);
     assert_int_equal(mdb_dbi_open(txn, "records", 0, &dbi), 0);
     assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
-    assert_int_equal(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
+    raw_end(env, txn, false);
 }
 
 static void test_corrupt_record_reported_then_purged(void **state)
@@ -2212,14 +2216,10 @@ static MDB_stat index_stat(const char *path)
     MDB_dbi dbi;
     MDB_stat st;
 
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
-    assert_int_equal(mdb_env_open(env, path, MDB_RDONLY, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    txn = raw_begin(path, true, &env);
     assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &dbi), 0);
     assert_int_equal(mdb_stat(txn, dbi, &st), 0);
-    mdb_txn_abort(txn);
-    mdb_env_close(env);
+    raw_end(env, txn, true);
     return st;
 }
 
