@@ -1,7 +1,7 @@
 /*
  * store_lmdb.c - the LMDB backend.
  *
- * Three named databases in one environment:
+ * Four named databases in one environment:
  *   records   32-byte record key -> encoded record (record.c): COMPLETE ones
  *   inflight  32-byte record key -> encoded record: IN_PROGRESS ones
  *   expiry    8-byte big-endian purge time + 32-byte record key -> empty

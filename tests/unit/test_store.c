@@ -1389,6 +1389,34 @@ static uint32_t set_layout(const char *path, uint32_t layout)
     return was;
 }
 
+/* A layout record that is not 4 bytes is reported as such at open, not
+ * read as some layout. */
+static void test_malformed_layout_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct store_options opt;
+    MDB_env *env = NULL;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_val k = {6, "layout"};
+    MDB_val v = {3, "\x02\x00\x00"};
+    char err[256] = "";
+
+    store_close(f->st);
+    f->st = NULL;
+    txn = raw_begin(f->path, false, &env);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    raw_end(env, txn, false);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_ECORRUPT);
+    assert_null(st);
+    assert_non_null(strstr(err, "layout record is malformed"));
+}
+
 /* A store of a newer layout is refused at open; and once a newer process
  * raises the layout under a running one, that one's writes fail (nothing
  * applied) instead of acquiring keys whose records it may not see. */
@@ -2745,6 +2773,7 @@ int main(void)
         STORE_TEST(test_in_progress_and_complete_live_apart),
         STORE_TEST(test_in_progress_from_before_the_split),
         STORE_TEST(test_newer_layout_refused),
+        STORE_TEST(test_malformed_layout_refused),
         STORE_TEST(test_same_key_two_scopes_two_records),
         STORE_TEST(test_group_apply_one_txn_in_order),
         STORE_TEST(test_apply_rejects_bad_ops_untouched),
