@@ -51,11 +51,26 @@ def binary():
     return path
 
 
+_ports_lock = threading.Lock()
+_ports_given = set()  # every port free_port() returned in this process
+
+
 def free_port():
-    """A port nobody listens on right now (there is a small race; Proxy retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on right now and that this process has not
+    handed out before. Another test process may still take it first (the
+    proxy then refuses to start and Proxy retries); two proxies of this
+    process on the same store would not refuse: idemproxy lets processes of
+    one store share a listen port (SO_REUSEPORT), so two threads starting
+    proxies at once could both get the port the kernel just freed and split
+    each other's requests."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _ports_lock:
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
 
 
 def huge_body(n):
