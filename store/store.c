@@ -39,6 +39,9 @@ const char *store_strerror(int err)
     case STORE_EFULL:
         s = "store full";
         break;
+    case STORE_ELAYOUT:
+        s = "the store was upgraded by a newer idemproxy; stop this process";
+        break;
     default:
         break;
     }

@@ -56,6 +56,8 @@ enum store_error {
     STORE_EINVAL = -3,   /* bad argument */
     STORE_ECORRUPT = -4, /* a stored record does not decode */
     STORE_EFULL = -5,    /* no room even after purging */
+    STORE_ELAYOUT = -6,  /* a newer process raised the store's layout since this
+                          * one opened it: this process can no longer write */
 };
 
 const char *store_strerror(int err);

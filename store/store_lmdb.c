@@ -20,7 +20,7 @@
  * would not find every record in it: a record in flight where it does not
  * look could be acquired again and its request run twice. So opening a store
  * of a newer layout fails, and every write transaction checks the layout
- * first and fails (STORE_EIO: the proxy answers 503) once a newer process
+ * first and fails (STORE_ELAYOUT: the proxy answers 503) once a newer process
  * has raised it. Processes older than layout 2 check nothing (README.md,
  * upgrading).
  * The expiry index lets purge walk records in order of the time they become
@@ -253,7 +253,7 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
     if (rc == STORE_OK) {
         rc = layout_read(s, txn, &layout);
         if (rc == STORE_OK && layout != STORE_LAYOUT) {
-            rc = STORE_EIO;
+            rc = STORE_ELAYOUT;
         }
         if (rc != STORE_OK) {
             mdb_txn_abort(txn);

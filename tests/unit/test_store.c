@@ -1457,10 +1457,10 @@ static void test_newer_layout_refused(void **state)
     key_of("b", key);
     fp_of('b', fp);
     memset(&a, 0, sizeof(a));
-    assert_int_equal(store_acquire(f->st, key, fp, 1000, 60000, &a), STORE_EIO);
+    assert_int_equal(store_acquire(f->st, key, fp, 1000, 60000, &a), STORE_ELAYOUT);
     assert_int_equal(a.outcome, 0);
     advance(f, 120000);
-    assert_int_equal(store_purge(f->st, 10, &purged, NULL), STORE_EIO);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), STORE_ELAYOUT);
     assert_int_equal(records_in(f->st), 1); /* reads still work */
 }
 
@@ -2735,6 +2735,8 @@ static void test_names(void **state)
     assert_string_equal(store_outcome_name(STORE_FENCED), "fenced");
     assert_string_equal(store_outcome_name((enum store_outcome)0), "unknown");
     assert_string_equal(store_strerror(STORE_EFULL), "store full");
+    assert_string_equal(store_strerror(STORE_ELAYOUT),
+                        "the store was upgraded by a newer idemproxy; stop this process");
     assert_string_equal(store_strerror(-99), "unknown store error");
 }
 
