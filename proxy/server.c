@@ -1100,6 +1100,11 @@ static void on_job(struct request *r, struct writer_job *j)
     }
     switch (j->op.kind) {
     case STORE_OP_ACQUIRE:
+        if (j->error == STORE_ELAYOUT) {
+            respond_unavailable(r, "the record store was upgraded by a newer idemproxy and this "
+                                   "process can no longer write it; nothing was forwarded");
+            break;
+        }
         if (j->error != 0) {
             respond_unavailable(r, "the record store failed; nothing was forwarded");
             break;

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,6 +38,9 @@
 #define PURGE_FULL_BATCH 512
 #define PURGE_FULL_ROUNDS 8
 #define READER_CHECK_EVERY_MS 10000
+/* A failing store is said on stderr at once, then at most this often while
+ * it keeps failing the same way. */
+#define FAILURE_LOG_EVERY_MS 10000
 
 struct writer {
     struct writer_options opt;
@@ -54,6 +58,9 @@ struct writer {
     bool purge_due;     /* purge work is due: an interval tick, STORE_FULL or "more" */
     size_t batch_share; /* purge budget per request batch, adapted to its time budget */
     size_t idle_chunk;  /* records per idle purge transaction, likewise */
+    int last_failure;           /* the store error last said on stderr */
+    int64_t last_failure_ms;    /* when */
+    uint64_t failures_unlogged; /* failed transactions since then, not said */
 
     pthread_mutex_t stats_lock;
     struct writer_stats stats;
@@ -95,6 +102,27 @@ static void adapt_chunk(size_t *chunk, int64_t took_us, int64_t budget_us)
         *chunk *= 2;
 }
 
+/* Says on stderr that a store write failed and why: the clients only see
+ * 503 store-unavailable, the operator needs the reason. */
+static void log_failure(struct writer *w, const char *what, int rc)
+{
+    int64_t now = mono_ms();
+
+    if (rc == w->last_failure && now - w->last_failure_ms < FAILURE_LOG_EVERY_MS) {
+        w->failures_unlogged++;
+        return;
+    }
+    if (w->failures_unlogged > 0)
+        fprintf(stderr, "idemproxy: store: %s failed: %s (and %llu failed transactions since the "
+                "last such line)\n", what, store_strerror(rc),
+                (unsigned long long)w->failures_unlogged);
+    else
+        fprintf(stderr, "idemproxy: store: %s failed: %s\n", what, store_strerror(rc));
+    w->last_failure = rc;
+    w->last_failure_ms = now;
+    w->failures_unlogged = 0;
+}
+
 static void count_purged(struct writer *w, size_t purged)
 {
     pthread_mutex_lock(&w->stats_lock);
@@ -110,7 +138,9 @@ static void purge_full(struct writer *w)
 
     for (int round = 0; round < PURGE_FULL_ROUNDS; round++) {
         size_t purged = 0;
-        if (store_purge(w->opt.store, PURGE_FULL_BATCH, &purged, &more) != 0) {
+        int rc = store_purge(w->opt.store, PURGE_FULL_BATCH, &purged, &more);
+        if (rc != 0) {
+            log_failure(w, "purging a full store", rc);
             more = false;
             break;
         }
@@ -132,9 +162,12 @@ static void purge_idle(struct writer *w)
     bool more = false;
     int64_t start_us = mono_us();
     int64_t took_us;
+    int rc = store_purge(w->opt.store, w->idle_chunk, &purged, &more);
 
-    if (store_purge(w->opt.store, w->idle_chunk, &purged, &more) != 0)
+    if (rc != 0) {
+        log_failure(w, "purging", rc);
         more = false;
+    }
     took_us = mono_us() - start_us;
     if (more)
         adapt_chunk(&w->idle_chunk, took_us, PURGE_IDLE_BUDGET_US);
@@ -160,6 +193,8 @@ static void apply_batch(struct writer *w, struct writer_job *list)
     start_us = mono_us();
     rc = store_apply_purge(w->opt.store, w->ops, n, w->purge_due ? w->batch_share : 0, &purged,
                            &more);
+    if (rc != 0)
+        log_failure(w, "a write transaction", rc);
     if (w->purge_due) {
         w->purge_due = rc == 0 && more;
         if (w->purge_due)
@@ -250,7 +285,9 @@ static void *writer_main(void *arg)
             purge_idle(w);
         now = mono_ms();
         if (next_sync != 0 && now >= next_sync) {
-            store_sync(w->opt.store);
+            int rc = store_sync(w->opt.store);
+            if (rc != 0)
+                log_failure(w, "syncing the store to disk", rc);
             next_sync = now + w->opt.sync_interval_ms;
         }
         if (now >= next_reader_check) {
@@ -261,8 +298,11 @@ static void *writer_main(void *arg)
         if (stop)
             break;
     }
-    if (w->opt.sync_interval_ms > 0)
-        store_sync(w->opt.store);
+    if (w->opt.sync_interval_ms > 0) {
+        int rc = store_sync(w->opt.store);
+        if (rc != 0)
+            log_failure(w, "syncing the store to disk", rc);
+    }
     return NULL;
 }
 

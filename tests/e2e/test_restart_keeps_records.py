@@ -1,10 +1,26 @@
 #!/usr/bin/env python3
 """Records live in the store, not in the process: after SIGTERM (exit 0) a new
-process on the same store replays what the old one completed."""
+process on the same store replays what the old one completed. A store a
+newer idemproxy has upgraded is not written by an older process still
+running on it, and the operator is told why."""
 
+import json
+import os
+import subprocess
 import unittest
 
 import harness
+
+UPGRADED = "the store was upgraded by a newer idemproxy; stop this process"
+
+
+def raise_layout(store_path, layout):
+    """What a newer idemproxy does on open: writes its store layout (4 bytes
+    little-endian under "layout" in the meta table), with LMDB's own
+    mdb_load (lmdb-utils), beside the running proxy."""
+    text = "layout\n%s\n" % "".join("\\%02x" % b for b in layout.to_bytes(4, "little"))
+    subprocess.run(["mdb_load", "-T", "-s", "meta", store_path], input=text.encode(),
+                   check=True, timeout=10)
 
 
 class RestartKeepsRecords(harness.ProxyTestCase):
@@ -32,6 +48,35 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         new = self.start_proxy(config=cfg, name="after")
         self.assertReplayOf(self.post(new, "restart-int"), first)
         self.assertEqual(self.upstream.total(), 1)
+
+    def test_store_upgraded_behind_a_running_process(self):
+        cfg = self.config()
+        old = self.start_proxy(config=cfg, name="old")
+        first = self.post(old, "upgraded-1")
+        self.assertExecuted(first)
+        raise_layout(self.store_path, 3)
+
+        # New keys are refused before anything is forwarded, and say why.
+        for i in range(3):
+            doc = self.assertProblem(self.post(old, "upgraded-new-%d" % i), 503)
+            self.assertIn("upgraded by a newer idemproxy", doc["detail"])
+            self.assertEqual(self.upstream.count("upgraded-new-%d" % i), 0)
+        # What is stored is still answered.
+        self.assertReplayOf(self.post(old, "upgraded-1"), first)
+        # stderr says it once, not once per request.
+        self.assertTrue(harness.wait_for(lambda: UPGRADED in old.stderr(), 5), old.stderr())
+        self.assertEqual(old.stderr().count(UPGRADED), 1, old.stderr())
+        self.assertEqual(old.stop(), 0, old.stderr())
+
+        # And this version refuses to start on it.
+        cfg["listen"] = "127.0.0.1:%d" % harness.free_port()
+        path = os.path.join(self.workdir, "again.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        p = subprocess.run([harness.binary(), "--config", path], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=10)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"written by a newer idemproxy (store layout 3", p.stderr)
 
 
 if __name__ == "__main__":
