@@ -76,7 +76,9 @@ out:
 struct check_ctx {
     bool print_records;
     int64_t now_ms;
-    uint64_t absent, in_progress, complete, stealable, expired_complete, bad;
+    uint64_t absent, in_progress, complete, stealable, expired_complete, duplicate_keys, bad;
+    uint64_t seen;
+    uint8_t prev_key[STORE_KEY_BYTES];
 };
 
 static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
@@ -85,6 +87,13 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
     struct check_ctx *c = arg;
     const char *state = "absent";
 
+    /* The scan is in key order: the same key twice is one record in two
+     * tables (the store keeps each key in exactly one). */
+    if (c->seen++ > 0 && memcmp(key, c->prev_key, STORE_KEY_BYTES) == 0) {
+        c->duplicate_keys++;
+        c->bad++;
+    }
+    memcpy(c->prev_key, key, STORE_KEY_BYTES);
     switch (rec->state) {
     case STORE_STATE_IN_PROGRESS:
         state = "in_progress";
@@ -122,8 +131,8 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
 /*
  * check-store PATH [--records]: opens a store (beside running proxies, if
  * any), decodes every record and checks the invariants that need no clock
- * agreement: every record decodes, is IN_PROGRESS or COMPLETE, and only a
- * COMPLETE one carries a payload. Prints a JSON summary (and with --records
+ * agreement: every record decodes, is IN_PROGRESS or COMPLETE, only a
+ * COMPLETE one carries a payload, and no key is stored twice. Prints a JSON summary (and with --records
  * one line per record, keys as their 32-byte hashes); exit 0 when they hold.
  */
 static int check_store(const char *path, bool print_records)
@@ -146,13 +155,14 @@ static int check_store(const char *path, bool print_records)
     src = store_scan(st, check_record, &c);
     store_stats(st, &stats);
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"
-           "\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,\"bad\":%llu,"
+           "\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,"
+           "\"duplicate_keys\":%llu,\"bad\":%llu,"
            "\"stale_readers_cleared\":%d,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
            src == 0 && c.bad == 0 ? "true" : "false", src == 0 ? "ok" : store_strerror(src),
            (unsigned long long)(c.in_progress + c.complete + c.absent),
            (unsigned long long)c.in_progress, (unsigned long long)c.stealable,
            (unsigned long long)c.complete, (unsigned long long)c.expired_complete,
-           (unsigned long long)c.bad, cleared, (unsigned long long)stats.map_used_bytes,
+           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad, cleared, (unsigned long long)stats.map_used_bytes,
            (unsigned long long)stats.map_size_bytes);
     rc = src == 0 && c.bad == 0 ? 0 : 1;
 out:

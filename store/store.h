@@ -254,7 +254,8 @@ int store_purge(struct store *st, size_t max_records, size_t *purged, bool *more
 /* Clears reader slots left by dead processes (mdb_reader_check). */
 int store_reader_check(struct store *st, int *cleared);
 int store_stats(struct store *st, struct store_stats *out);
-/* Visits every record in key order (for invariant checks and tools). */
+/* Visits every record in key order (for invariant checks and tools); a key
+ * stored twice, which the store never writes, is visited twice in a row. */
 int store_scan(struct store *st, store_scan_fn fn, void *ctx);
 /* Flushes to disk (for durability "interval"). */
 int store_sync(struct store *st);

@@ -1525,60 +1525,74 @@ out:
 }
 
 /* Calls fn for every record of one table; *stop says fn asked to stop. */
-static int scan_table(MDB_txn *txn, MDB_dbi dbi, store_scan_fn fn, void *ctx, bool *stop)
-{
-    MDB_cursor *cur = NULL;
+/* One table's cursor in a merged scan. */
+struct scan_cursor {
+    MDB_cursor *cur;
     MDB_val kv;
     MDB_val dv;
-    MDB_cursor_op step = MDB_FIRST;
-    int rc = map_err(LMDB_CALL(mdb_cursor_open(txn, dbi, &cur)));
+    bool done;
+};
 
-    if (rc != STORE_OK) {
-        return rc;
-    }
-    while (rc == STORE_OK) {
-        struct store_record rec;
-        uint8_t key[STORE_KEY_BYTES];
-        int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, step));
+static int scan_step(struct scan_cursor *c, MDB_cursor_op op)
+{
+    int got = LMDB_CALL(mdb_cursor_get(c->cur, &c->kv, &c->dv, op));
 
-        step = MDB_NEXT;
-        if (got == MDB_NOTFOUND) {
-            break;
-        }
-        if (got != 0 || kv.mv_size != STORE_KEY_BYTES) {
-            rc = got != 0 ? map_err(got) : STORE_ECORRUPT;
-            break;
-        }
-        memcpy(key, kv.mv_data, STORE_KEY_BYTES);
-        rc = store_record_decode(dv.mv_data, dv.mv_size, &rec);
-        if (rc != STORE_OK) {
-            break;
-        }
-        *stop = fn(key, &rec, ctx) != 0;
-        store_record_clear(&rec);
-        if (*stop) {
-            break;
-        }
+    if (got == MDB_NOTFOUND) {
+        c->done = true;
+        return STORE_OK;
     }
-    mdb_cursor_close(cur);
-    return rc;
+    if (got != 0) {
+        return map_err(got);
+    }
+    return c->kv.mv_size == STORE_KEY_BYTES ? STORE_OK : STORE_ECORRUPT;
 }
 
-/* Every record: the COMPLETE ones (and older IN_PROGRESS ones) in key
- * order, then the IN_PROGRESS ones in key order. */
+/* Every record of both tables in key order: the two are merged, so a key
+ * present in both (which the store never writes) is visited twice in a row,
+ * and the caller can tell. */
 static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
 {
     struct lmdb_store *s = impl;
     MDB_txn *txn = NULL;
-    bool stop = false;
+    struct scan_cursor t[2] = {{0}, {0}};
     int rc = read_begin(s, &txn);
 
     if (rc != STORE_OK) {
         return rc;
     }
-    rc = scan_table(txn, s->records, fn, ctx, &stop);
-    if (rc == STORE_OK && !stop) {
-        rc = scan_table(txn, s->inflight, fn, ctx, &stop);
+    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->records, &t[0].cur)));
+    if (rc == STORE_OK) {
+        rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->inflight, &t[1].cur)));
+    }
+    for (size_t i = 0; i < 2 && rc == STORE_OK; i++) {
+        rc = scan_step(&t[i], MDB_FIRST);
+    }
+    while (rc == STORE_OK && !(t[0].done && t[1].done)) {
+        struct scan_cursor *c = &t[0];
+        struct store_record rec;
+        uint8_t key[STORE_KEY_BYTES];
+        bool stop;
+
+        if (t[0].done ||
+            (!t[1].done && memcmp(t[1].kv.mv_data, t[0].kv.mv_data, STORE_KEY_BYTES) < 0)) {
+            c = &t[1];
+        }
+        memcpy(key, c->kv.mv_data, STORE_KEY_BYTES);
+        rc = store_record_decode(c->dv.mv_data, c->dv.mv_size, &rec);
+        if (rc != STORE_OK) {
+            break;
+        }
+        stop = fn(key, &rec, ctx) != 0;
+        store_record_clear(&rec);
+        if (stop) {
+            break;
+        }
+        rc = scan_step(c, MDB_NEXT);
+    }
+    for (size_t i = 0; i < 2; i++) {
+        if (t[i].cur != NULL) {
+            mdb_cursor_close(t[i].cur);
+        }
     }
     read_end(s, txn);
     return rc;

@@ -2,7 +2,8 @@
 """The command line: check-config prints the effective configuration and exits
 0, or exits 1 with an error naming the field; a bad config stops `--config`
 at start; --help and --version exit 0; `idemproxy --upstream URL` alone runs
-with every default; --listen/--upstream/--store override the file."""
+with every default; --listen/--upstream/--store override the file;
+check-store exits 0 on a sound store and 1 on one holding a key twice."""
 
 import json
 import os
@@ -84,6 +85,29 @@ class CliAndConfig(harness.ProxyTestCase):
         p = self.run_bin("--config", path)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("routes[0].ttl", p.stderr.decode("utf-8", "replace"))
+
+    def test_check_store_finds_a_key_stored_twice(self):
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "twice-1"))
+        self.assertExecuted(self.post(proxy, "twice-2"))
+        self.assertEqual(proxy.stop(), 0, proxy.stderr())
+        p = self.run_bin("check-store", self.store_path)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        doc = json.loads(p.stdout)
+        self.assertEqual((doc["ok"], doc["complete"], doc["duplicate_keys"]), (True, 2, 0), doc)
+
+        # Each COMPLETE record copied into the in-flight table as well, with
+        # LMDB's own tools: every key is now in both of the record tables.
+        dump = subprocess.run(["mdb_dump", "-s", "records", self.store_path],
+                              capture_output=True, check=True, timeout=10).stdout
+        # mdb_load takes the table named in the dump's header over -s.
+        dump = b"".join(l for l in dump.splitlines(True) if not l.startswith(b"database="))
+        subprocess.run(["mdb_load", "-s", "inflight", self.store_path], input=dump,
+                       check=True, timeout=10)
+        p = self.run_bin("check-store", self.store_path)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        doc = json.loads(p.stdout)
+        self.assertEqual((doc["ok"], doc["duplicate_keys"], doc["bad"]), (False, 2, 2), doc)
 
     def test_help_and_version(self):
         h = self.run_bin("--help")

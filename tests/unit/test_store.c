@@ -1905,6 +1905,72 @@ static void test_scan_stops_when_asked(void **state)
     assert_int_equal(n, 1);
 }
 
+struct order_ctx {
+    int n, in_progress, descending, repeats;
+    uint8_t prev[STORE_KEY_BYTES];
+};
+
+static int note_order(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
+                      void *ctx)
+{
+    struct order_ctx *o = ctx;
+    if (o->n > 0) {
+        int c = memcmp(key, o->prev, STORE_KEY_BYTES);
+        o->descending += c < 0;
+        o->repeats += c == 0;
+    }
+    memcpy(o->prev, key, STORE_KEY_BYTES);
+    o->n++;
+    o->in_progress += rec->state == STORE_STATE_IN_PROGRESS;
+    return 0;
+}
+
+/* The scan merges records and inflight into one key order, so a key stored
+ * in both (never written by the store; check-store reports it) is visited
+ * twice in a row. */
+static void test_scan_merges_both_tables_in_key_order(void **state)
+{
+    struct fixture *f = *state;
+    struct order_ctx o = {0};
+    struct store_op a;
+    char name[8];
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi records;
+    MDB_dbi inflight;
+    uint8_t key[STORE_KEY_BYTES];
+    MDB_val k = {sizeof(key), key};
+    MDB_val v;
+
+    fill_completed(f->st, "r", 20, 60000);
+    for (int i = 0; i < 20; i++) {
+        snprintf(name, sizeof(name), "p%d", i);
+        assert_int_equal(acquire(f->st, name, 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    }
+    assert_int_equal(store_scan(f->st, note_order, &o), 0);
+    assert_int_equal(o.n, 40);
+    assert_int_equal(o.in_progress, 20);
+    assert_int_equal(o.descending, 0);
+    assert_int_equal(o.repeats, 0);
+
+    /* A COMPLETE record copied into inflight behind the store's back. */
+    store_close(f->st);
+    f->st = NULL;
+    key_of("r3", key);
+    txn = raw_begin(f->path, false, &env);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &records), 0);
+    assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &inflight), 0);
+    assert_int_equal(mdb_get(txn, records, &k, &v), 0);
+    assert_int_equal(mdb_put(txn, inflight, &k, &v, 0), 0);
+    raw_end(env, txn, false);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(store_scan(f->st, note_order, &o), 0);
+    assert_int_equal(o.n, 41);
+    assert_int_equal(o.descending, 0);
+    assert_int_equal(o.repeats, 1);
+}
+
 /* ---- corruption ---------------------------------------------------------- */
 
 /* Overwrites a record's stored value behind the store's back. */
@@ -2786,6 +2852,7 @@ int main(void)
         STORE_TEST(test_open_creates_directories),
         STORE_TEST(test_stats_scan_sync),
         STORE_TEST(test_scan_stops_when_asked),
+        STORE_TEST(test_scan_merges_both_tables_in_key_order),
         STORE_TEST(test_corrupt_record_reported_then_purged),
         STORE_TEST(test_store_full_then_purge_on_full),
         STORE_TEST(test_store_full_of_answers_still_purges),
