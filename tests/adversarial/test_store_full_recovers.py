@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Item 11a, the store full: a 1 MiB store (map_size "1MiB", about 1,100
 records) and N unique keys (CI 4,000, long 20,000), 16 at a time, with a TTL
-of 20 s (long: 40 s). Once full, every new key is answered 503 with
+of 25 s (long: 40 s). Once full, every new key is answered 503 with
 Retry-After (problem+json) and nothing is forwarded, while every stored key
 keeps replaying byte for byte. Every answered 201 was executed exactly once
 and is either replayable or logged "unstored" (README: the result could not
@@ -17,7 +17,7 @@ import unittest
 import adv
 from adv import harness
 
-TTL_S = adv.scale(short=20.0, long=40.0)
+TTL_S = adv.scale(short=25.0, long=40.0)
 
 
 class StoreFullRecovers(adv.AdversarialCase):
@@ -60,9 +60,9 @@ class StoreFullRecovers(adv.AdversarialCase):
             failures.append("201 keys not executed exactly once: %r" % twice[:5])
         if not full:
             failures.append("the 1 MiB store never answered 503 in %d keys" % n)
-        if fill_s > TTL_S / 2:
-            failures.append("filling took %.1fs, too close to the %gs TTL to conclude" % (
-                fill_s, TTL_S))
+        # The fill's length itself does not matter (under the sanitizers on
+        # 2 busy cores it took 11 s); that every check of the full store ends
+        # before the first record's TTL does, checked below.
 
         # Full: a new key is refused, every stored key still replays.
         again_new = self.one(proxy, "new-while-full")[0]
@@ -89,8 +89,8 @@ class StoreFullRecovers(adv.AdversarialCase):
         full_records = doc.get("records")
         elapsed_since_fill = time.monotonic() - fill_start
         if elapsed_since_fill > TTL_S - 1:
-            failures.append("replays checked %.1fs after the fill began: TTL %gs too short" % (
-                elapsed_since_fill, TTL_S))
+            failures.append("replays checked %.1fs after the fill began (the fill took %.1fs): "
+                            "TTL %gs too short to conclude" % (elapsed_since_fill, fill_s, TTL_S))
 
         # After the TTL, with no traffic: every fill record is past its TTL
         # (the fill took fill_s) plus two purge intervals, so the periodic
