@@ -132,8 +132,8 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
  * check-store PATH [--records]: opens a store (beside running proxies, if
  * any), decodes every record and checks the invariants that need no clock
  * agreement: every record decodes, is IN_PROGRESS or COMPLETE, only a
- * COMPLETE one carries a payload, and no key is stored twice. Prints a JSON summary (and with --records
- * one line per record, keys as their 32-byte hashes); exit 0 when they hold.
+ * COMPLETE one carries a payload, and no key is stored twice. Prints a JSON summary (and with
+ * --records one line per record, keys as their 32-byte hashes); exit 0 when they hold.
  */
 static int check_store(const char *path, bool print_records)
 {
@@ -162,8 +162,8 @@ static int check_store(const char *path, bool print_records)
            (unsigned long long)(c.in_progress + c.complete + c.absent),
            (unsigned long long)c.in_progress, (unsigned long long)c.stealable,
            (unsigned long long)c.complete, (unsigned long long)c.expired_complete,
-           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad, cleared, (unsigned long long)stats.map_used_bytes,
-           (unsigned long long)stats.map_size_bytes);
+           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad, cleared,
+           (unsigned long long)stats.map_used_bytes, (unsigned long long)stats.map_size_bytes);
     rc = src == 0 && c.bad == 0 ? 0 : 1;
 out:
     store_close(st);

@@ -55,9 +55,9 @@ struct writer {
     /* writer-thread only */
     struct writer_job **jobs;
     struct store_op *ops;
-    bool purge_due;     /* purge work is due: an interval tick, STORE_FULL or "more" */
-    size_t batch_share; /* purge budget per request batch, adapted to its time budget */
-    size_t idle_chunk;  /* records per idle purge transaction, likewise */
+    bool purge_due;             /* purge work is due: an interval tick, STORE_FULL or "more" */
+    size_t batch_share;         /* purge budget per request batch, adapted to its time budget */
+    size_t idle_chunk;          /* records per idle purge transaction, likewise */
     int last_failure;           /* the store error last said on stderr */
     int64_t last_failure_ms;    /* when */
     uint64_t failures_unlogged; /* failed transactions since then, not said */
@@ -113,13 +113,28 @@ static void log_failure(struct writer *w, const char *what, int rc)
         return;
     }
     if (w->failures_unlogged > 0)
-        fprintf(stderr, "idemproxy: store: %s failed: %s (and %llu failed transactions since the "
-                "last such line)\n", what, store_strerror(rc),
-                (unsigned long long)w->failures_unlogged);
+        fprintf(stderr,
+                "idemproxy: store: %s failed: %s (and %llu failed transactions since the "
+                "last such line)\n",
+                what, store_strerror(rc), (unsigned long long)w->failures_unlogged);
     else
         fprintf(stderr, "idemproxy: store: %s failed: %s\n", what, store_strerror(rc));
     w->last_failure = rc;
     w->last_failure_ms = now;
+    w->failures_unlogged = 0;
+}
+
+/* After a failure was said, the first request batch committed is said too
+ * (a purge that found nothing commits nothing, so it proves nothing). */
+static void log_recovered(struct writer *w)
+{
+    if (w->last_failure == 0)
+        return;
+    fprintf(stderr,
+            "idemproxy: store: writes succeed again (%llu failed transactions since the "
+            "last failure line)\n",
+            (unsigned long long)w->failures_unlogged);
+    w->last_failure = 0;
     w->failures_unlogged = 0;
 }
 
@@ -195,6 +210,8 @@ static void apply_batch(struct writer *w, struct writer_job *list)
                            &more);
     if (rc != 0)
         log_failure(w, "a write transaction", rc);
+    else
+        log_recovered(w);
     if (w->purge_due) {
         w->purge_due = rc == 0 && more;
         if (w->purge_due)

@@ -6,6 +6,7 @@ running on it, and the operator is told why."""
 
 import json
 import os
+import re
 import subprocess
 import unittest
 
@@ -14,10 +15,10 @@ import harness
 UPGRADED = "the store was upgraded by a newer idemproxy; stop this process"
 
 
-def raise_layout(store_path, layout):
-    """What a newer idemproxy does on open: writes its store layout (4 bytes
-    little-endian under "layout" in the meta table), with LMDB's own
-    mdb_load (lmdb-utils), beside the running proxy."""
+def set_layout(store_path, layout):
+    """Writes a store layout (4 bytes little-endian under "layout" in the
+    meta table), as a newer idemproxy does on open, with LMDB's own mdb_load
+    (lmdb-utils), beside the running proxy."""
     text = "layout\n%s\n" % "".join("\\%02x" % b for b in layout.to_bytes(4, "little"))
     subprocess.run(["mdb_load", "-T", "-s", "meta", store_path], input=text.encode(),
                    check=True, timeout=10)
@@ -54,7 +55,7 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         old = self.start_proxy(config=cfg, name="old")
         first = self.post(old, "upgraded-1")
         self.assertExecuted(first)
-        raise_layout(self.store_path, 3)
+        set_layout(self.store_path, 3)
 
         # New keys are refused before anything is forwarded, and say why.
         for i in range(3):
@@ -66,6 +67,18 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         # stderr says it once, not once per request.
         self.assertTrue(harness.wait_for(lambda: UPGRADED in old.stderr(), 5), old.stderr())
         self.assertEqual(old.stderr().count(UPGRADED), 1, old.stderr())
+
+        # Once writes go through again (here: the layout put back, as a
+        # stand-in for a store that recovers), stderr says so, with how many
+        # failures it did not print one by one.
+        set_layout(self.store_path, 2)
+        self.assertExecuted(self.post(old, "upgraded-after"))
+        self.assertTrue(harness.wait_for(lambda: "writes succeed again" in old.stderr(), 5),
+                        old.stderr())
+        m = re.search(r"writes succeed again \((\d+) failed transactions", old.stderr())
+        self.assertIsNotNone(m, old.stderr())
+        self.assertGreaterEqual(int(m.group(1)), 2, old.stderr())
+        set_layout(self.store_path, 3)
         self.assertEqual(old.stop(), 0, old.stderr())
 
         # And this version refuses to start on it.

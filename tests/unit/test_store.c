@@ -1910,8 +1910,7 @@ struct order_ctx {
     uint8_t prev[STORE_KEY_BYTES];
 };
 
-static int note_order(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
-                      void *ctx)
+static int note_order(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec, void *ctx)
 {
     struct order_ctx *o = ctx;
     if (o->n > 0) {
