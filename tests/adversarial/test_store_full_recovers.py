@@ -68,7 +68,9 @@ class StoreFullRecovers(adv.AdversarialCase):
         again_new = self.one(proxy, "new-while-full")[0]
         if getattr(again_new, "status", None) != 503:
             failures.append("new key while full: %s" % adv.short(again_new))
-        log = {e["key"]: e["outcome"] for e in proxy.access_log() if e.get("key")}
+        # One line per exchange, written as it ends (possibly just after the
+        # client read its answer): wait for the fill's and this one's.
+        log = {e["key"]: e["outcome"] for e in proxy.wait_access_log(n + 1) if e.get("key")}
         before = self.upstream.total()
         replays = adv.parallel(lambda k: self.one(proxy, k)[0], ok_keys, workers=16)
         replayed = 0

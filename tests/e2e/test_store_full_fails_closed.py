@@ -51,8 +51,13 @@ class StoreFull(harness.ProxyTestCase):
         self.assertProblem(rejected, 503)
         self.assertRetryAfter(rejected, minimum=1)
         self.assertFalse(rejected.replayed)
-        log = proxy.wait_access_log(1)
-        self.assertIn((503, "unavailable"), [(e["status"], e["outcome"]) for e in log])
+        # The line is written when the exchange ends, which may be just after
+        # the client has read its answer: wait for this one, not for any.
+        def logged():
+            return (503, "unavailable") in [(e["status"], e["outcome"])
+                                            for e in proxy.access_log()]
+        self.assertTrue(harness.wait_for(logged), "no 503 'unavailable' line in the access "
+                        "log: %r" % proxy.access_log()[-3:])
 
         # Replays of stored keys keep working, byte for byte.
         for key, first in (stored[0], stored[-1]):
