@@ -123,7 +123,6 @@ class PauseAndFence(harness.ProxyTestCase):
         actions ran (a stalled machine), so nothing was tested."""
         keys = {v: "fence-t%d-r%d-%s" % (t, attempt, v) for v in VARIANTS}
         hashes = {v: chaoslib.record_key(SCOPE, k) for (v, k) in keys.items()}
-        log_before = len(chaoslib.access_log(a))
 
         # A runs all five; each reaches the upstream before A is frozen.
         a_futs = {v: in_thread(self.timed_post, a, keys[v], headers=VARIANTS[v][0] +
@@ -253,10 +252,16 @@ class PauseAndFence(harness.ProxyTestCase):
                 self.accepted("trial %d %s: %d executions, expected A's and B's", t, v, n)
 
         # A's access log: every one of its five requests was fenced.
-        lines = a.wait_access_log(log_before + len(VARIANTS) * 2, 5)[log_before:]
-        for v in VARIANTS:
-            outs = [e["outcome"] for e in lines
+        # Each line is written as its exchange ends, maybe just after the
+        # answer: wait until each key's own line is there (keys are new in
+        # every attempt, so lines of an earlier, abandoned one do not count).
+        def own(lines, v):
+            return [e["outcome"] for e in lines
                     if e.get("key") == hashes[v][:8] and e.get("outcome") != "replayed"]
+        harness.wait_for(lambda: all(own(chaoslib.access_log(a), v) for v in VARIANTS), 5)
+        lines = chaoslib.access_log(a)
+        for v in VARIANTS:
+            outs = own(lines, v)
             if outs == ["fenced"]:
                 with self.lock:
                     self.fenced_logged[v] += 1

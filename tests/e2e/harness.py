@@ -532,7 +532,9 @@ class Proxy:
     def access_log(self):
         """The JSON access-log lines written to stdout so far."""
         entries = []
-        for line in self.stdout().splitlines():
+        text = self.stdout()
+        # Only whole lines: the proxy may be in the middle of writing one.
+        for line in text[:text.rfind("\n") + 1].splitlines():
             if line.strip():
                 entries.append(json.loads(line))
         return entries
