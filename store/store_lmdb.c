@@ -1524,7 +1524,6 @@ out:
     return rc;
 }
 
-/* Calls fn for every record of one table; *stop says fn asked to stop. */
 /* One table's cursor in a merged scan. */
 struct scan_cursor {
     MDB_cursor *cur;
