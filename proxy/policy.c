@@ -668,7 +668,11 @@ bool idem_target_is_canonical(const char *target, size_t len)
         return false;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)target[i];
-        if (c <= 0x20 || c >= 0x7f)
+        /* '#' has no place in an origin-form target (RFC 9112 3.2.1): a
+         * URL parser on the way (libcurl's included) drops it and what
+         * follows, so "/v1/payments#x" would miss the route yet reach
+         * /v1/payments. */
+        if (c <= 0x20 || c >= 0x7f || c == '#')
             return false;
     }
     while (path_len < len && target[path_len] != '?')

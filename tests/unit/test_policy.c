@@ -298,6 +298,10 @@ static void test_target_canonical(void **state)
     check_target("/v1/%E2%82%AC", true);
     check_target("", false);
     check_target("*", false);
+    check_target("/v1/payments#x", false);
+    check_target("/v1/payments#", false);
+    check_target("/v1/payments?a=1#x", false);
+    check_target("/v1/pay%23ments", true);
     check_target("v1/payments", false);
     check_target("http://host/v1/payments", false);
     check_target("@host:80/v1/payments", false);
