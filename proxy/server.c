@@ -1231,9 +1231,14 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
                                       size_t key_size, const char *value, size_t value_size)
 {
     struct request *r = cls;
+    size_t trimmed = value ? value_size : 0;
     (void)kind;
-    if (idem_headers_push(&r->headers, key, key_size, value ? value : "",
-                          value ? value_size : 0) != 0) {
+    /* A field value excludes the white space around it (RFC 9110 5.5).
+     * libmicrohttpd 0.9.75 strips it in front only, so "X-Tenant-Id: acme "
+     * would be another tenant than "acme" and its key another record. */
+    while (trimmed > 0 && (value[trimmed - 1] == ' ' || value[trimmed - 1] == '\t'))
+        trimmed--;
+    if (idem_headers_push(&r->headers, key, key_size, value ? value : "", trimmed) != 0) {
         /* The walk stops here and returns a count, not an error: flag it,
          * or the request would go on without its remaining headers. */
         r->oom = true;

@@ -29,6 +29,19 @@ class ScopeHeader(harness.ProxyTestCase):
         self.assertReplayOf(self.post(proxy, "shared-key", headers=[("X-Tenant-Id", "tenant-b")]), b)
         self.assertEqual(self.upstream.count("shared-key"), 2)
 
+    def test_white_space_around_values_is_not_part_of_them(self):
+        # RFC 9110 5.5: "acme " is the tenant "acme", and "ows-key\t" the
+        # key "ows-key". libmicrohttpd keeps trailing white space, so the
+        # retry with a trailing space used to run the payment again.
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        first = self.post(proxy, "ows-key", headers=[("X-Tenant-Id", "acme")])
+        self.assertExecuted(first)
+        for tenant, key in (("acme ", "ows-key"), ("acme\t", "ows-key"),
+                            ("acme", "ows-key "), ("acme \t", "ows-key\t")):
+            again = self.post(proxy, key, headers=[("X-Tenant-Id", tenant)])
+            self.assertReplayOf(again, first)
+        self.assertEqual(self.upstream.count("ows-key"), 1)
+
     def test_tenant_value_never_logged_or_stored(self):
         tenant = "tenant-secret-7f3a9c"
         key = "raw-key-never-logged-5521"
