@@ -96,6 +96,8 @@ struct worker;
 struct request {
     struct worker *w;
     struct MHD_Connection *conn;
+    size_t head_bytes; /* header lines as received (collect_header) */
+    size_t pool_bytes; /* what the request holds of libmicrohttpd's pool */
     struct request *prev, *next; /* worker's active (suspended) list */
     bool active;
 
@@ -456,6 +458,60 @@ static void respond_unavailable(struct request *r, const char *detail)
                     false);
 }
 
+/*
+ * libmicrohttpd 0.9.75 keeps a request's whole header block in the
+ * connection's pool until the answer is sent, allocates a 56-byte entry
+ * (64 with the pool's alignment) for every header, every query argument
+ * and every cookie, and copies the first Cookie header to split it
+ * (connection.c, parse_cookie_header). The answer's header block is then
+ * written into what is left. If it does not fit, the connection is closed
+ * unanswered, and a stored answer would replay as a drop too. So the
+ * request side is capped at header_memory (431 past it, counting all of
+ * the above), the answer's header block at half of it (502 past it), and
+ * the pool holds both plus POOL_ANSWER_MARGIN for what libmicrohttpd adds
+ * (status line, Date, Content-Length, Connection, Idempotent-Replayed).
+ */
+#define POOL_ENTRY_BYTES 64
+#define POOL_ANSWER_MARGIN 2048
+
+static size_t response_header_max(const struct config *cfg)
+{
+    return cfg->server.header_memory_bytes / 2;
+}
+
+static size_t count_char(const char *s, size_t len, char c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += s[i] == c;
+    return n;
+}
+
+static size_t request_pool_bytes(const struct request *r, const char *method, const char *version)
+{
+    size_t entries = r->headers.n;
+    size_t bytes = strlen(method) + r->target_len + strlen(version) + 4 + r->head_bytes + 2;
+    const struct idem_header *cookie = idem_headers_find(&r->headers, "Cookie");
+
+    if (r->path_len < r->target_len) {
+        const char *q = r->target + r->path_len + 1;
+        entries += 1 + count_char(q, r->target_len - r->path_len - 1, '&');
+    }
+    if (cookie != NULL) {
+        entries += 1 + count_char(cookie->value, cookie->value_len, ';') +
+                   count_char(cookie->value, cookie->value_len, ',');
+        bytes += cookie->value_len + 16;
+    }
+    return bytes + entries * POOL_ENTRY_BYTES;
+}
+
+/* The header block of an answer as libmicrohttpd will write it, without
+ * what it adds itself (POOL_ANSWER_MARGIN). */
+static size_t answer_header_bytes(const struct idem_headers *h)
+{
+    return h->bytes + 4 * h->n;
+}
+
 static void add_headers(struct MHD_Response *resp, const struct idem_headers *h)
 {
     for (size_t i = 0; i < h->n; i++)
@@ -475,6 +531,19 @@ static void respond_replay(struct request *r, struct store_record *rec)
         respond_problem(r, 500, "corrupt-record", "Stored response unreadable",
                         "the stored response for this key could not be decoded", "error", 0,
                         false);
+        return;
+    }
+    /* A record stored before the answer's header block was capped at
+     * response_header_max() may not fit next to a large request: say so
+     * rather than drop the connection. A retry with smaller headers gets
+     * the replay. */
+    if (r->pool_bytes + answer_header_bytes(&h) >
+        r->w->srv->cfg->server.header_memory_bytes + response_header_max(r->w->srv->cfg)) {
+        idem_headers_clear(&h);
+        respond_problem(r, 431, "headers-too-large", "Request header fields too large",
+                        "this key's stored answer has too large a header block to be sent "
+                        "with this request's headers; retry with fewer or smaller headers",
+                        "rejected", 0, false);
         return;
     }
     resp = MHD_create_response_from_buffer(len, len ? body : (void *)"",
@@ -633,12 +702,11 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
         while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
             vlen--;
         /* The client's answer must fit libmicrohttpd's per-connection pool
-         * (header_memory + 8 KiB), or the connection would be dropped
-         * unanswered, and a stored record would replay as a drop too. A
-         * larger header block is refused like an oversized body (nginx
+         * next to the request (response_header_max), or the connection would
+         * be dropped unanswered, and a stored record would replay as a drop
+         * too. A larger header block is refused like an oversized body (nginx
          * answers 502 "upstream sent too big header" past 4-8 KiB). */
-        if (r->resp_headers.bytes + 4 * (r->resp_headers.n + 1) + n >
-            r->w->srv->cfg->server.header_memory_bytes) {
+        if (answer_header_bytes(&r->resp_headers) + 4 + n > response_header_max(r->w->srv->cfg)) {
             r->resp_too_large = true;
             r->resp_headers_too_large = true;
             return 0;
@@ -974,7 +1042,8 @@ static void upstream_done(struct request *r, CURLcode code)
             slug = "upstream-response-too-large";
             title = "Upstream response too large";
             detail = r->resp_headers_too_large
-                         ? "the upstream response header block exceeds server.header_memory"
+                         ? "the upstream response header block exceeds half of "
+                           "server.header_memory"
                          : "the upstream response exceeds upstream.max_response";
         }
         body = idem_problem_json(st, slug, title, detail, &len);
@@ -1232,7 +1301,14 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
 {
     struct request *r = cls;
     size_t trimmed = value ? value_size : 0;
+    size_t line = key_size + trimmed + 4;
     (void)kind;
+    /* The line as it sits in libmicrohttpd's read buffer, white space
+     * around the value included (name, colon and value are one line). */
+    if (value != NULL && value > key && (size_t)(value - key) < SIZE_MAX / 4 &&
+        (size_t)(value - key) + value_size + 2 > line)
+        line = (size_t)(value - key) + value_size + 2;
+    r->head_bytes += line;
     /* A field value excludes the white space around it (RFC 9110 5.5).
      * libmicrohttpd 0.9.75 strips it in front only, so "X-Tenant-Id: acme "
      * would be another tenant than "acme" and its key another record. */
@@ -1380,10 +1456,10 @@ static bool on_headers(struct request *r, const char *method, const char *versio
             return false;
         }
     }
-    /* RFC 6585 section 5: the request line plus every field line, as sent. */
-    if (strlen(method) + r->target_len + strlen(version) + 4 + r->headers.bytes +
-            4 * r->headers.n >
-        cfg->server.header_memory_bytes) {
+    /* RFC 6585 section 5: the request line plus every field line, as sent,
+     * and what libmicrohttpd makes of them in the connection's pool. */
+    r->pool_bytes = request_pool_bytes(r, method, version);
+    if (r->pool_bytes > cfg->server.header_memory_bytes) {
         snprintf(detail, sizeof(detail), "the request header block exceeds %zu bytes",
                  cfg->server.header_memory_bytes);
         respond_problem(r, 431, "headers-too-large", "Request header fields too large", detail,
@@ -2111,17 +2187,19 @@ static int claim_listen_address(const char *store_path, struct sockaddr_storage 
 }
 
 /*
- * libmicrohttpd answers a header block that overflows its per-connection
- * pool with its own HTML 431, so the pool has 8 KiB more than header_memory
- * and on_headers() enforces header_memory itself with a problem+json 431;
- * only blocks past the pool still get libmicrohttpd's page. The pool is not
- * made larger: libmicrohttpd clears it on every keep-alive request (a
- * 256 KiB pool cost 15 % of the CPU of a request under the unique leg, and
- * 64 KiB still 10 % under replay).
+ * The pool holds a request of up to header_memory (as request_pool_bytes()
+ * counts it) and an answer's header block of up to response_header_max(),
+ * see POOL_ENTRY_BYTES. A header block that overflows the pool gets
+ * libmicrohttpd's own HTML 431; blocks between header_memory and the pool
+ * get the proxy's problem+json 431. The pool is not made larger than it
+ * needs: libmicrohttpd clears it on every keep-alive request (a 256 KiB
+ * pool cost 15 % of the CPU of a request under the unique leg, and 64 KiB
+ * still 10 % under replay), and every connection that served a request
+ * keeps all of it resident.
  */
 static size_t mhd_memory_bytes(const struct config *cfg)
 {
-    size_t m = cfg->server.header_memory_bytes + 8 * 1024;
+    size_t m = cfg->server.header_memory_bytes + response_header_max(cfg) + POOL_ANSWER_MARGIN;
     return m < 16 * 1024 ? 16 * 1024 : m;
 }
 
