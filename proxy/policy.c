@@ -77,6 +77,29 @@ int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
     return 0;
 }
 
+int idem_headers_extend_last(struct idem_headers *h, const char *more, size_t more_len)
+{
+    struct idem_header *last;
+    char *v;
+
+    if (h->n == 0 || more_len > SIZE_MAX / 4)
+        return -1;
+    last = &h->v[h->n - 1];
+    if (last->value_len > SIZE_MAX / 4)
+        return -1;
+    v = header_bytes(h, last->value_len + 1 + more_len + 1);
+    if (v == NULL)
+        return -1;
+    memcpy(v, last->value, last->value_len);
+    v[last->value_len] = ' ';
+    memcpy(v + last->value_len + 1, more, more_len);
+    v[last->value_len + 1 + more_len] = '\0';
+    last->value = v;
+    last->value_len += 1 + more_len;
+    h->bytes += 1 + more_len;
+    return 0;
+}
+
 void idem_headers_clear(struct idem_headers *h)
 {
     struct idem_header_block *b = h->blocks;

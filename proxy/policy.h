@@ -49,6 +49,9 @@ struct idem_headers {
 
 int idem_headers_push(struct idem_headers *h, const char *name, size_t name_len,
                       const char *value, size_t value_len);
+/* Appends " " and more to the last header's value (an obs-fold
+ * continuation line, RFC 9112 5.2). -1 with no header or no memory. */
+int idem_headers_extend_last(struct idem_headers *h, const char *more, size_t more_len);
 /* Frees the strings and the array; the list is empty and reusable after. */
 void idem_headers_clear(struct idem_headers *h);
 /* First header with that name (case-insensitive), or NULL. */

@@ -151,6 +151,7 @@ struct request {
     size_t resp_len, resp_cap;
     bool resp_too_large;
     bool resp_headers_too_large; /* the header block, not the body */
+    bool resp_head_done;         /* the final answer's header section ended */
     unsigned sends;      /* times libcurl was about to send this request */
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
@@ -512,10 +513,18 @@ static size_t answer_header_bytes(const struct idem_headers *h)
     return h->bytes + 4 * h->n;
 }
 
+/* libmicrohttpd 0.9.75 refuses a header with an empty value; written as
+ * one space ("X-Empty:  ") it reaches the client as the empty value it is
+ * (the white space around a value is not part of it). */
+static void add_field(struct MHD_Response *resp, const char *name, const char *value)
+{
+    MHD_add_response_header(resp, name, value[0] != '\0' ? value : " ");
+}
+
 static void add_headers(struct MHD_Response *resp, const struct idem_headers *h)
 {
     for (size_t i = 0; i < h->n; i++)
-        MHD_add_response_header(resp, h->v[i].name, h->v[i].value);
+        add_field(resp, h->v[i].name, h->v[i].value);
 }
 
 /* Replays a COMPLETE record; takes ownership of rec's body. */
@@ -679,15 +688,42 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
 
     while (n > 0 && (buf[n - 1] == '\r' || buf[n - 1] == '\n'))
         n--;
-    if (n >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
+    if (n >= 5 && strncmp(buf, "HTTP/", 5) == 0 && !r->resp_head_done) {
         /* A new status line (after a 1xx): start the header list again. */
         idem_headers_clear(&r->resp_headers);
         return len;
     }
-    if (n == 0)
+    if (n == 0) {
+        /* The end of a header section: a 1xx's, after which a status line
+         * follows, or the final answer's. */
+        long code = 0;
+        curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+        r->resp_head_done = code >= 200;
         return len;
-    if (buf[0] == ' ' || buf[0] == '\t')
-        return len; /* obs-fold continuation (RFC 9112 5.2): dropped */
+    }
+    /* libcurl hands a chunked answer's trailer fields to this callback
+     * too. They must not be merged into the header section (RFC 9110
+     * 6.5.1): a trailer "Content-Type" would be a second one, a trailer
+     * "Connection: X-Id" would remove a real header. Dropped. */
+    if (r->resp_head_done)
+        return len;
+    if (buf[0] == ' ' || buf[0] == '\t') {
+        /* obs-fold (RFC 9112 5.2): a proxy replaces it with a space. */
+        const char *v = buf;
+        size_t vlen = n;
+        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
+            v++;
+            vlen--;
+        }
+        if (vlen == 0 || r->resp_headers.n == 0)
+            return len;
+        if (answer_header_bytes(&r->resp_headers) + 1 + vlen > response_header_max(r->w->srv->cfg)) {
+            r->resp_too_large = true;
+            r->resp_headers_too_large = true;
+            return 0;
+        }
+        return idem_headers_extend_last(&r->resp_headers, v, vlen) == 0 ? len : 0;
+    }
     colon = memchr(buf, ':', n);
     if (colon == NULL || colon == buf)
         return len;
@@ -695,6 +731,12 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
         size_t name_len = (size_t)(colon - buf);
         const char *v = colon + 1;
         size_t vlen = n - name_len - 1;
+        /* "Name : value": a proxy removes the white space before the colon
+         * (RFC 9112 5.1) rather than lose the field. */
+        while (name_len > 0 && (buf[name_len - 1] == ' ' || buf[name_len - 1] == '\t'))
+            name_len--;
+        if (name_len == 0)
+            return len;
         while (vlen > 0 && (*v == ' ' || *v == '\t')) {
             v++;
             vlen--;
@@ -966,7 +1008,7 @@ static enum idem_upstream_result classify(struct request *r, CURLcode code)
 
 static int add_mhd_header(const struct idem_header *h, void *ctx)
 {
-    MHD_add_response_header(ctx, h->name, h->value);
+    add_field(ctx, h->name, h->value);
     return 0;
 }
 

@@ -96,6 +96,40 @@ class HopByHop(harness.ProxyTestCase):
             self.assertEqual(resp.header("X-Upstream"), "demo")
         self.assertEqual(self.upstream.count("hop-resp"), 1)
 
+    def test_response_trailers_are_not_merged_into_headers(self):
+        # libcurl hands trailer fields to the header callback; merged into
+        # the header section (RFC 9110 6.5.1 forbids it) they added a second
+        # Content-Type and a cookie, removed X-Request-Id (a trailer
+        # "Connection: X-Request-Id") and turned a valid answer into a 502
+        # (a trailer Content-Length) whose retry ran the action again.
+        proxy = self.start_proxy()
+        first = self.post(proxy, "trailers", headers=[("X-Test-Fault", "trailers")])
+        self.assertEqual(first.status, 201, first)
+        again = self.post(proxy, "trailers")
+        self.assertReplayOf(again, first)
+        for r in (first, again):
+            self.assertEqual(r.header_all("Content-Type"), ["application/json"], r)
+            self.assertEqual(r.header_all("X-Request-Id"), ["r-1"], r)
+            self.assertNotIn("trailer=1", " ".join(r.header_all("Set-Cookie")), r)
+            self.assertFalse(r.has("X-Checksum"), r)
+            self.assertEqual(r.json()["idempotency_key"], "trailers")
+        self.assertEqual(self.upstream.count("trailers"), 1)
+
+    def test_response_field_lines_are_repaired_not_lost(self):
+        # RFC 9112 5.1 and 5.2: a proxy removes white space before the colon
+        # and replaces an obs-fold with a space; an empty value is a value.
+        # They used to be dropped (or, for the fold, cut short).
+        proxy = self.start_proxy()
+        first = self.post(proxy, "odd-fields", headers=[("X-Test-Fault", "odd-fields")])
+        self.assertEqual(first.status, 201, first)
+        again = self.post(proxy, "odd-fields")
+        self.assertReplayOf(again, first)
+        for r in (first, again):
+            self.assertEqual(r.header_all("X-Folded"), ["first-part second-part"], r)
+            self.assertEqual(r.header_all("X-Empty"), [""], r)
+            self.assertEqual(r.header_all("X-Space"), ["spaced"], r)
+        self.assertEqual(self.upstream.count("odd-fields"), 1)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -286,6 +286,25 @@ static void check_target(const char *t, bool want)
 
 /* Targets the proxy can route unambiguously, and the ones a normaliser
  * between the proxy and the API would read as another path. */
+/* An obs-fold continuation joins the last value with one space; the byte
+ * count the header caps use follows. */
+static void test_headers_extend_last(void **state)
+{
+    struct idem_headers h = {0};
+    (void)state;
+    assert_int_equal(idem_headers_extend_last(&h, "x", 1), -1);
+    push(&h, "X-A", "one");
+    push(&h, "X-Folded", "first");
+    assert_int_equal(idem_headers_extend_last(&h, "second", 6), 0);
+    assert_int_equal(idem_headers_extend_last(&h, "third", 5), 0);
+    assert_string_equal(h.v[0].value, "one");
+    assert_string_equal(h.v[1].name, "X-Folded");
+    assert_string_equal(h.v[1].value, "first second third");
+    assert_int_equal(h.v[1].value_len, strlen("first second third"));
+    assert_int_equal(h.bytes, strlen("X-A") + 3 + strlen("X-Folded") + 18);
+    idem_headers_clear(&h);
+}
+
 static void test_target_canonical(void **state)
 {
     (void)state;
@@ -1451,6 +1470,7 @@ int main(void)
         cmocka_unit_test(test_key_characters),
         cmocka_unit_test(test_key_bad_chars_named),
         cmocka_unit_test(test_key_bad_quoting),
+        cmocka_unit_test(test_headers_extend_last),
         cmocka_unit_test(test_target_canonical),
         cmocka_unit_test(test_key_status_text),
         cmocka_unit_test(test_key_loghash),

@@ -30,6 +30,11 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 two-content-lengths  two different Content-Length values
                 bad-chunk-size   chunked, with a chunk size that is not hex
                 hop              hop-by-hop headers in a valid chunked response
+                trailers         a chunked response with trailer fields that
+                                 would clash with its headers
+                odd-fields       field lines a proxy must repair: an obs-fold
+                                 continuation, an empty value, white space
+                                 before the colon
                 echo-headers     body: the received request headers, in order,
                                  as a JSON list of [name, value]
 
@@ -364,6 +369,25 @@ class Upstream:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             return False
+        if fault == "trailers":
+            # Trailer fields (RFC 9110 6.5) that, merged into the header
+            # section, would add a second Content-Type, a cookie, change the
+            # framing or name a real header as hop-by-hop.
+            writer.write(response_head(status, headers + [("X-Request-Id", "r-1"),
+                                                           ("Transfer-Encoding", "chunked")]))
+            writer.write(b"%x\r\n%s\r\n0\r\n" % (len(body), body))
+            writer.write(b"Content-Type: text/html\r\nSet-Cookie: trailer=1\r\n"
+                         b"Connection: X-Request-Id\r\nContent-Length: 1\r\n"
+                         b"X-Checksum: abc\r\n\r\n")
+            await writer.drain()
+            return False
+        if fault == "odd-fields":
+            head = response_head(status, headers + [("Content-Length", str(len(body)))])
+            extra = (b"X-Folded: first-part\r\n \t second-part\r\n"
+                     b"X-Empty:\r\nX-Space : spaced\r\n")
+            writer.write(head[:-2] + extra + b"\r\n" + body)
+            await writer.drain()
+            return keep
         if fault == "big-headers":
             size = int(req.header("x-test-size") or 64 * 1024)
             for i in range(max(1, size // 1024)):
