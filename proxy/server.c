@@ -1669,7 +1669,11 @@ static void on_complete_request(struct request *r)
     }
     if (r->body_too_large) {
         respond_problem(r, 413, "body-too-large", "Request body too large",
-                        "the body exceeds this route's max_body", "rejected", 0, true);
+                        r->route != NULL
+                            ? "the body exceeds this route's max_body"
+                            : "the body exceeds the largest max_body of any route, the limit "
+                              "for requests no route covers",
+                        "rejected", 0, true);
         return;
     }
     if (!r->keyed) {

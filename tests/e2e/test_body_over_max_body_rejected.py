@@ -40,6 +40,21 @@ class BodyOverMaxBody(harness.ProxyTestCase):
         self.assertProblem(r, 413)
         self.assertEqual(self.upstream.total(), 0)
 
+    def test_uncovered_request_bounded_by_largest_max_body(self):
+        # The proxy buffers every body, so a request no route covers is
+        # bounded too: by the largest max_body of any route, and the 413
+        # says which limit it hit.
+        proxy = self.start_proxy(max_body="1KiB")
+        r = self.post(proxy, None, body=b"u" * 2048, content_type="text/plain",
+                      path="/v1/uploads")
+        self.assertProblem(r, 413)
+        self.assertIn("no route covers", r.json()["detail"])
+        self.assertEqual(self.upstream.total(), 0)
+        ok = self.post(proxy, None, body=b"u" * 1024, content_type="text/plain",
+                       path="/v1/uploads")
+        self.assertEqual(ok.status, 201, ok)
+        self.assertEqual(self.upstream.total(), 1)
+
     def test_default_max_body_is_1mib(self):
         proxy = self.start_proxy()
         self.assertProblem(self.post(proxy, "mib-over", body=b"z" * (1024 * 1024 + 1),
