@@ -30,6 +30,12 @@
 #define MAX_CONNECTIONS 1000000
 #define MIN_MAP_SIZE CONFIG_MIB
 #define MIN_HEADER_MEMORY (4 * CONFIG_KIB)
+/* Below a few KiB every ordinary answer (a JSON object, a problem+json
+ * error) is "too large": each keyed request would run its action, get 502
+ * and be released, and each retry would run it again. 4 KiB is one page,
+ * the proxy's first allocation for a response body anyway, so a smaller
+ * cap would save no memory. */
+#define MIN_MAX_RESPONSE (4 * CONFIG_KIB)
 #define MAX_KEY_LENGTH_LIMIT 4096
 /* A configuration file is a few KiB; the cap keeps a wrong path such as
  * /dev/zero from eating memory. */
@@ -1147,6 +1153,8 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = check_positive(cfg->upstream.connect_timeout_ms, "upstream.connect_timeout", e);
     else if (cfg->upstream.timeout_ms <= 0)
         rc = check_positive(cfg->upstream.timeout_ms, "upstream.timeout", e);
+    else if (cfg->upstream.max_response_bytes < MIN_MAX_RESPONSE)
+        rc = invalid(e, "upstream.max_response", "must be at least 4KiB");
     else if (cfg->store.path == NULL || cfg->store.path[0] == '\0')
         rc = invalid(e, "store.path", "must not be empty");
     else if (cfg->store.map_size_bytes < MIN_MAP_SIZE)

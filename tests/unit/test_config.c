@@ -485,6 +485,10 @@ static void test_validate_catches_edits(void **state)
     assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
     assert_string_equal(err, "store.map_size: must be at least 1MiB");
     cfg->store.map_size_bytes = 1 << 20;
+    cfg->upstream.max_response_bytes = 4095;
+    assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
+    assert_string_equal(err, "upstream.max_response: must be at least 4KiB");
+    cfg->upstream.max_response_bytes = 4096;
     cfg->server.workers = 65;
     assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
     assert_string_equal(err, "server.workers: must be between 0 and 64");
@@ -656,7 +660,7 @@ static void test_dump_round_trip(void **state)
     assert_round_trip(
         "{\"listen\": \"[::1]:8443\","
         " \"upstream\": {\"url\": \"http://api:80/base/\", \"connect_timeout\": 0.25,"
-        "   \"timeout\": \"1.5m\", \"max_response\": 1000},"
+        "   \"timeout\": \"1.5m\", \"max_response\": 5000},"
         " \"store\": {\"path\": \"/var/lib/idem\", \"map_size\": \"1.5GiB\","
         "   \"durability\": \"interval\", \"sync_interval\": \"10ms\", \"purge_interval\": 7},"
         " \"server\": {\"workers\": 3, \"max_connections\": 7, \"per_ip_connections\": 0,"
