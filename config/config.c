@@ -36,6 +36,16 @@
  * the proxy's first allocation for a response body anyway, so a smaller
  * cap would save no memory. */
 #define MIN_MAX_RESPONSE (4 * CONFIG_KIB)
+/* A lease must outlast a heartbeat interval plus the time the extension
+ * takes to land: up to one worker tick (10 ms), the queue to the single
+ * store writer, and a synced commit (an fsync: milliseconds on an idle SSD,
+ * far more on a busy disk or network storage). With a lease of a few
+ * milliseconds no heartbeat can keep up, a duplicate takes over a record
+ * that is still running, and the action runs twice. Each heartbeat is one
+ * durable write per running request, so a floor on it also keeps
+ * heartbeats from crowding out the writes they wait behind. */
+#define MIN_LEASE_MS 1000
+#define MIN_HEARTBEAT_MS 100
 #define MAX_KEY_LENGTH_LIMIT 4096
 /* A configuration file is a few KiB; the cap keeps a wrong path such as
  * /dev/zero from eating memory. */
@@ -1111,10 +1121,12 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("scope_header"), "is not a header name");
     else if (r->ttl_ms <= 0)
         rc = check_positive(r->ttl_ms, FIELD("ttl"), e);
-    else if (r->lease_ms <= 0)
-        rc = check_positive(r->lease_ms, FIELD("lease"), e);
-    else if (r->heartbeat_ms <= 0)
-        rc = check_positive(r->heartbeat_ms, FIELD("heartbeat"), e);
+    /* The lease first: a derived heartbeat (lease / 2) is then at least
+     * 500 ms, so an error about it always names a field the file set. */
+    else if (r->lease_ms < MIN_LEASE_MS)
+        rc = invalid(e, FIELD("lease"), "must be at least 1s");
+    else if (r->heartbeat_ms < MIN_HEARTBEAT_MS)
+        rc = invalid(e, FIELD("heartbeat"), "must be at least 100ms");
     /* A heartbeat at or past the lease lets the lease lapse between two
      * beats, and another caller steals a record that is still running. */
     else if (r->heartbeat_ms >= r->lease_ms)

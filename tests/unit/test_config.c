@@ -477,6 +477,17 @@ static void test_validate_catches_edits(void **state)
     assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
     assert_string_equal(err, "routes[1].heartbeat: must be less than lease");
     cfg->routes[1].heartbeat_ms = 1000;
+    /* Floors a heartbeat can meet through the synced store writer. */
+    cfg->routes[1].lease_ms = 999;
+    cfg->routes[1].heartbeat_ms = 500;
+    assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
+    assert_string_equal(err, "routes[1].lease: must be at least 1s");
+    cfg->routes[1].lease_ms = 1000;
+    cfg->routes[1].heartbeat_ms = 99;
+    assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
+    assert_string_equal(err, "routes[1].heartbeat: must be at least 100ms");
+    cfg->routes[1].heartbeat_ms = 100;
+    assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_OK);
     cfg->routes[0].scope[0] = '\0';
     assert_int_equal(config_validate(cfg, err, sizeof err), CONFIG_EINVAL);
     assert_string_equal(err, "routes[0].scope: must not be empty");
