@@ -30,10 +30,6 @@ static const struct unit size_units[] = {
     {"B", 1}, {"KiB", CONFIG_KIB}, {"MiB", CONFIG_MIB}, {"GiB", CONFIG_GIB}, {"", 1},
 };
 
-/* Fraction digits past this many cannot change a result rounded down to
- * the unit of scale 1 (ms or bytes), since every scale is below 10^9. */
-#define MAX_FRACTION_DIGITS 9
-
 static bool is_digit(char c)
 {
     return c >= '0' && c <= '9';
@@ -49,6 +45,23 @@ static bool is_hex(char c)
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+/* floor(0.<digits> * scale) for the n fraction digits at p, exactly and
+ * for any n: the digits are multiplied by scale from the last one to the
+ * first, as on paper, and what carries out of the first is the whole part.
+ * Each carry is below scale (9 * scale + carry < 10 * scale), so nothing
+ * overflows. Truncating the digits first would be one unit short for
+ * exact values: "0.0000003125d" is 27 ms, "1.0009765625KiB" 1025 bytes. */
+static uint64_t scale_fraction(const char *p, size_t n, uint64_t scale)
+{
+    uint64_t carry = 0;
+
+    while (n > 0) {
+        n--;
+        carry = ((uint64_t)(p[n] - '0') * scale + carry) / 10;
+    }
+    return carry;
+}
+
 /* "<digits>[.<digits>]<unit>" scaled by the unit and rounded down.
  * fraction_of_scale_1: whether a fraction of the smallest unit is allowed
  * (half a millisecond rounds down to 0; half a byte is a mistake). */
@@ -59,8 +72,8 @@ static enum config_scan scan_scaled(const char *s, const struct unit *units, siz
     const char *p = s;
     const struct unit *unit = NULL;
     uint64_t whole = 0;
-    uint64_t frac = 0;
-    uint64_t frac_div = 1;
+    const char *frac = NULL;
+    size_t frac_len = 0;
     uint64_t value;
     uint64_t frac_value;
     bool whole_overflow = false;
@@ -90,12 +103,10 @@ static enum config_scan scan_scaled(const char *s, const struct unit *units, siz
         if (!is_digit(*p))
             goto out;
         has_fraction = true;
-        for (i = 0; is_digit(*p); i++, p++) {
-            if (i < MAX_FRACTION_DIGITS) {
-                frac = frac * 10 + (uint64_t)(*p - '0');
-                frac_div *= 10;
-            }
-        }
+        frac = p;
+        while (is_digit(*p))
+            p++;
+        frac_len = (size_t)(p - frac);
     }
     for (i = 0; i < n_units; i++) {
         if (strcmp(p, units[i].suffix) == 0) {
@@ -112,8 +123,7 @@ static enum config_scan scan_scaled(const char *s, const struct unit *units, siz
         goto out;
     }
     value = whole * unit->scale;
-    /* frac < 10^9 and scale <= 2^30, so the product fits 64 bits. */
-    frac_value = frac * unit->scale / frac_div;
+    frac_value = has_fraction ? scale_fraction(frac, frac_len, unit->scale) : 0;
     if (frac_value > max - value) {
         rc = CONFIG_SCAN_RANGE;
         goto out;

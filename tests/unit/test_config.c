@@ -98,6 +98,14 @@ static void test_duration_fractions_are_exact_and_round_down(void **state)
     assert_duration("1.9999ms", 1);
     assert_duration("1.0000000000000000001s", 1000);
     assert_duration("0ms", 0);
+    /* Every digit counts: these are exact values past the 9th digit, and
+     * dropping digits before scaling would give one unit less. */
+    assert_duration("0.0000003125d", 27);
+    /* 1 ms is 0.0000000115740740...d (740 repeating): the 38th digit
+     * decides between just over and just under. */
+    assert_duration("0.00000001157407407407407407407407407408d", 1);
+    assert_duration("0.00000001157407407407407407407407407407d", 0);
+    assert_duration("0.99999999999999999999999999999999999999999999999999s", 999);
 }
 
 static void test_duration_bounds(void **state)
@@ -105,6 +113,8 @@ static void test_duration_bounds(void **state)
     (void)state;
     assert_duration("36500d", 36500LL * 86400000);
     assert_not_duration("36500.001d");
+    assert_duration("36500.0000000115d", 36500LL * 86400000); /* + 0.9936 ms */
+    assert_not_duration("36500.0000000116d");                 /* + 1.00224 ms */
     assert_not_duration("36501d");
     assert_not_duration("3153600001s");
     assert_not_duration("99999999999999999999999ms");
@@ -165,6 +175,11 @@ static void test_size_fractions(void **state)
     assert_size("0.5KiB", 512);
     assert_size("0.001KiB", 1); /* 1.024 bytes, rounded down */
     assert_size("0.0001KiB", 0);
+    /* Exact past the 9th digit: 1 + 2^-10 KiB, and 2^-30 GiB. */
+    assert_size("1.0009765625KiB", 1025);
+    assert_size("0.000000000931322574615478515625GiB", 1);
+    assert_size("0.000000000931322574615478515624GiB", 0);
+    assert_size("8589934591.99999999999999999999999999GiB", INT64_MAX);
     /* A fraction of a byte is a mistake, not something to round. */
     assert_not_size("1.5");
     assert_not_size("1.5B");
