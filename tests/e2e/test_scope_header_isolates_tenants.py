@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """With scope_header set, identity is (scope + hash of that header, key): the
 same key from two tenants is two executions, each replaying its own answer; a
-request without the header is 400; the header's value is never logged or
-stored."""
+request with a key but without the header (or with it empty or repeated) is
+400, while a request without a key needs no header, like any keyless covered
+request; the header's value is never logged or stored."""
 
 import os
 import unittest
@@ -15,6 +16,26 @@ class ScopeHeader(harness.ProxyTestCase):
         proxy = self.start_proxy(scope_header="X-Tenant-Id")
         self.assertProblem(self.post(proxy, "sh-1"), 400)
         self.assertEqual(self.upstream.total(), 0)
+
+    def test_empty_or_repeated_scope_header_is_400(self):
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        for headers in ([("X-Tenant-Id", "")], [("X-Tenant-Id", "a"), ("X-Tenant-Id", "b")]):
+            doc = self.assertProblem(self.post(proxy, "sh-2", headers=headers), 400)
+            self.assertIn("scope-header-missing", doc["type"])
+        self.assertEqual(self.upstream.total(), 0)
+
+    def test_keyless_request_needs_no_scope_header(self):
+        # The header only scopes a key: without a key the request is
+        # forwarded unchanged and nothing is stored (every send executes).
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        self.assertExecuted(self.post(proxy, None))
+        self.assertExecuted(self.post(proxy, None))
+        self.assertEqual(self.upstream.total(), 2)
+        # With require_key the missing key is what is reported.
+        strict = self.start_proxy(name="strict", scope_header="X-Tenant-Id", require_key=True)
+        doc = self.assertProblem(self.post(strict, None), 400)
+        self.assertIn("key-required", doc["type"])
+        self.assertEqual(self.upstream.total(), 2)
 
     def test_same_key_two_tenants_two_executions(self):
         proxy = self.start_proxy(scope_header="X-Tenant-Id")
