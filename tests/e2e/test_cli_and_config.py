@@ -2,8 +2,10 @@
 """The command line: check-config prints the effective configuration and exits
 0, or exits 1 with an error naming the field; a bad config stops `--config`
 at start; --help and --version exit 0; `idemproxy --upstream URL` alone runs
-with every default; --listen/--upstream/--store override the file;
-check-store exits 0 on a sound store and 1 on one holding a key twice."""
+with every default; --listen/--upstream/--store override the file; a listen
+address ":PORT" binds every IPv4 address (0.0.0.0) and "[::]:PORT" IPv6 (and
+IPv4 too where the system is dual-stack); check-store exits 0 on a sound
+store and 1 on one holding a key twice."""
 
 import json
 import os
@@ -151,16 +153,64 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertTrue(os.path.isdir(store), "--store not used")
         self.assertFalse(os.path.exists(self.store_path), "the file's store path was used")
 
+    def start_listening(self, listen, port):
+        """Starts a proxy on --listen and returns (process, address it
+        reports), once its "listening on" line is out."""
+        err_path = os.path.join(self.workdir, "listen-%d.stderr" % port)
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen([harness.binary(), "--upstream", self.upstream.url,
+                                     "--listen", listen, "--store",
+                                     os.path.join(self.workdir, "listen-store")],
+                                    cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        self.addCleanup(lambda: (proc.terminate(), proc.wait(10)))
+
+        def stderr():
+            with open(err_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+
+        def line():
+            return next((l for l in stderr().splitlines() if "listening on " in l), None)
+        self.assertTrue(harness.wait_for(lambda: line() or proc.poll() is not None, 10))
+        self.assertIsNone(proc.poll(), stderr())
+        return proc, line().split("listening on ", 1)[1].split(",", 1)[0]
+
+    def test_listen_empty_host_is_ipv4_any_and_brackets_for_ipv6(self):
+        port = harness.free_port()
+        _, addr = self.start_listening(":%d" % port, port)
+        self.assertEqual(addr, "0.0.0.0:%d" % port)
+        self.assertTrue(_listening(port))
+        if not _ipv6_loopback():
+            self.skipTest("no IPv6 loopback here")
+        self.assertFalse(_listening(port, "::1"), '":PORT" accepted IPv6')
+        port = harness.free_port()
+        _, addr = self.start_listening("[::]:%d" % port, port)
+        self.assertEqual(addr, ":::%d" % port)
+        self.assertTrue(_listening(port, "::1"))
+        with open("/proc/sys/net/ipv6/bindv6only") as f:
+            dual_stack = f.read().strip() == "0"
+        self.assertEqual(_listening(port), dual_stack)
+
     def test_missing_upstream_is_an_error(self):
         p = self.run_bin("--listen", "127.0.0.1:%d" % harness.free_port())
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("upstream", (p.stdout + p.stderr).decode("utf-8", "replace"))
 
 
-def _listening(port):
+def _listening(port, host="127.0.0.1"):
     import socket
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _ipv6_loopback():
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
         return True
     except OSError:
         return False
