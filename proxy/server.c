@@ -1014,12 +1014,50 @@ static int add_mhd_header(const struct idem_header *h, void *ctx)
 
 /* The client's copy of the upstream's answer. The headers are filtered
  * straight into the response: no allocation of ours can drop them. */
+static ssize_t no_body(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)cls;
+    (void)pos;
+    (void)buf;
+    (void)max;
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+/* The upstream's Content-Length of an answer that has no body by
+ * definition (to HEAD, or a 304): it states the size a GET would get (RFC
+ * 9110 8.6, 9.3.2). -1 for any other answer. */
+static int64_t bodiless_content_length(const struct request *r)
+{
+    const struct idem_header *cl;
+    uint64_t v = 0;
+
+    if (r->resp_len != 0 || (strcmp(r->method, "HEAD") != 0 && r->resp_status != 304))
+        return -1;
+    cl = idem_headers_find(&r->resp_headers, "Content-Length");
+    if (cl == NULL || cl->value_len == 0 || cl->value_len > 18)
+        return -1;
+    for (size_t i = 0; i < cl->value_len; i++) {
+        if (cl->value[i] < '0' || cl->value[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(cl->value[i] - '0');
+    }
+    return (int64_t)v;
+}
+
 static struct MHD_Response *response_from_upstream(struct request *r)
 {
     struct MHD_Response *resp;
+    int64_t size = bodiless_content_length(r);
 
-    resp = MHD_create_response_from_buffer(r->resp_len, r->resp_len ? r->resp_body : (void *)"",
-                                           MHD_RESPMEM_MUST_COPY);
+    /* libmicrohttpd writes Content-Length from the response's size and
+     * sends no body to HEAD or with a 304, so a size without a body is how
+     * the upstream's value gets through (it wrote 0 before). */
+    if (size >= 0)
+        resp = MHD_create_response_from_callback((uint64_t)size, 4096, no_body, NULL, NULL);
+    else
+        resp = MHD_create_response_from_buffer(r->resp_len,
+                                               r->resp_len ? r->resp_body : (void *)"",
+                                               MHD_RESPMEM_MUST_COPY);
     if (resp == NULL)
         return NULL;
     idem_response_headers_each(&r->resp_headers, NULL, add_mhd_header, resp);

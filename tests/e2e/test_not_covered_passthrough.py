@@ -28,6 +28,24 @@ class NotCoveredPassthrough(harness.ProxyTestCase):
         self.assertEqual(self.upstream.count("put-key"), 2)
         self.assertEqual(self.upstream.total(), 6)
 
+    def test_bodiless_answers_keep_the_upstream_content_length(self):
+        # To HEAD, and in a 304, Content-Length is the size a GET would get
+        # (RFC 9110 8.6, 9.3.2). The proxy wrote 0 instead; and nothing may
+        # follow the header block on the kept-alive connection.
+        proxy = self.start_proxy()
+        with proxy.conn() as c:
+            for method, status in (("HEAD", None), ("GET", "304")):
+                h = [("Host", "x")] + ([("X-Test-Status", status)] if status else [])
+                r = c.request(method, "/v1/other", h)
+                self.assertEqual(r.status, int(status or 201), r)
+                self.assertEqual(r.body, b"", r)
+                self.assertEqual(len(r.header_all("Content-Length")), 1, r)
+                self.assertGreater(int(r.header("Content-Length")), 100, r)
+            after = c.request("GET", "/v1/other", [("Host", "x")])
+            self.assertEqual(after.status, 201, after)
+            self.assertEqual(len(after.body), int(after.header("Content-Length")), after)
+        self.assertEqual(self.upstream.total(), 3)
+
     def test_unmatched_path(self):
         proxy = self.start_proxy(require_key=True)
         r1, _ = self.twice(proxy, key="other-key", path="/v2/refunds")
