@@ -2,6 +2,7 @@
  * policy.c - pure decisions and encodings of the proxy (see policy.h).
  */
 #include "policy.h"
+#include "canonical_json.h"
 #include "store_sha256.h"
 
 #include <jansson.h>
@@ -320,20 +321,14 @@ bool idem_is_json_media_type(const char *ct)
     return len > 5 && memchr(ct, '/', len) != NULL && strncasecmp(ct + len - 5, "+json", 5) == 0;
 }
 
-/* Canonical JSON: sorted keys, compact. NULL when the body is not JSON. */
+/* Canonical JSON: sorted keys, compact, numbers as written
+ * (canonical_json.h). NULL when the body is not JSON (or memory ran out). */
 static char *canonical_json(const void *body, size_t len, size_t *out_len)
 {
-    json_error_t jerr;
-    json_t *j;
-    char *s;
+    char *s = NULL;
 
-    j = json_loadb(body, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
-    if (j == NULL)
+    if (idem_canonical_json(body, len, &s, out_len) != 0)
         return NULL;
-    s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-    json_decref(j);
-    if (s != NULL)
-        *out_len = strlen(s);
     return s;
 }
 
