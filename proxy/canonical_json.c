@@ -12,6 +12,10 @@
  * Every byte of the input is read once and every value moved at most once,
  * so a deeply nested or very wide body costs time in proportion to its size
  * (plus sorting), and depth costs heap, never C stack.
+ *
+ * The parsing helpers return at the first byte that is not JSON rather than
+ * through one exit: they hold nothing to clean up, everything they allocate
+ * hangs off struct cj, which idem_canonical_json() frees once.
  */
 #include "canonical_json.h"
 
@@ -452,43 +456,41 @@ static int open_container(struct cj *c, bool object)
 }
 
 /* Closes the innermost container: its values move to their final run,
- * an object's sorted (JSON_REJECT_DUPLICATES: a key twice is refused). */
+ * an object's sorted (JSON_REJECT_DUPLICATES: a key twice is refused). An
+ * empty container has no run (and the vec may not be allocated yet). */
 static int close_container(struct cj *c, size_t *index)
 {
     struct frame f = FRAMES(c)[--c->frames.n];
-    size_t off;
-    size_t count;
-    int rc;
+    size_t off = f.object ? c->members.n : c->items.n;
+    size_t count = (f.object ? c->mstack.n : c->vstack.n) - f.start;
+    int rc = 0;
 
-    if (f.object) {
+    if (count > 0 && f.object) {
         struct member *m;
-        count = c->mstack.n - f.start;
-        off = c->members.n;
-        rc = vec_reserve(&c->members, count, sizeof(struct member));
+        rc = vec_reserve(&c->members, count, sizeof(*m));
         if (rc != 0)
-            return rc;
+            goto out;
         m = MEMBERS(c) + off;
-        if (count > 0)
-            memcpy(m, MSTACK(c) + f.start, count * sizeof(*m));
+        memcpy(m, MSTACK(c) + f.start, count * sizeof(*m));
         c->members.n += count;
         c->mstack.n = f.start;
         sort_members(c, m, count);
-        for (size_t i = 1; i < count; i++) {
+        for (size_t i = 1; i < count && rc == 0; i++) {
             if (member_cmp(c, &m[i - 1], &m[i]) == 0)
-                return IDEM_CJSON_NOT_JSON;
+                rc = IDEM_CJSON_NOT_JSON;
         }
-    } else {
-        count = c->vstack.n - f.start;
-        off = c->items.n;
+    } else if (count > 0) {
         rc = vec_reserve(&c->items, count, sizeof(size_t));
         if (rc != 0)
-            return rc;
-        if (count > 0)
-            memcpy(ITEMS(c) + off, VSTACK(c) + f.start, count * sizeof(size_t));
+            goto out;
+        memcpy(ITEMS(c) + off, VSTACK(c) + f.start, count * sizeof(size_t));
         c->items.n += count;
         c->vstack.n = f.start;
     }
-    return new_node(c, f.object ? NODE_OBJECT : NODE_ARRAY, off, count, index);
+    if (rc == 0)
+        rc = new_node(c, f.object ? NODE_OBJECT : NODE_ARRAY, off, count, index);
+out:
+    return rc;
 }
 
 /* Parses the whole input; *root is the top value's node. */
