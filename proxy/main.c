@@ -11,11 +11,14 @@
  * completed or released) up to server.drain_timeout, then exit 0.
  */
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "fault.h"
@@ -233,11 +236,46 @@ out:
     return rc;
 }
 
+/*
+ * Makes sure descriptors 0, 1 and 2 are open, on /dev/null if they were
+ * closed (`idemproxy ... >&-`), as daemons do. Otherwise the next open()
+ * takes the lowest free number: LMDB's lock.mdb became stdout or stderr,
+ * the access log and the diagnostics were written into the store, and
+ * requests failed (503, then a robust-mutex assertion). Returns 0, or -1
+ * when /dev/null cannot be opened.
+ */
+static int std_fds_open(void)
+{
+    int rc = 0;
+
+    for (int fd = STDIN_FILENO; fd <= STDERR_FILENO && rc == 0; fd++) {
+        int nfd;
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+            continue;
+        /* The lower ones are open, so this is fd itself. */
+        nfd = open("/dev/null", O_RDWR);
+        if (nfd < 0) {
+            rc = -1;
+        } else if (nfd != fd) {
+            if (dup2(nfd, fd) < 0)
+                rc = -1;
+            close(nfd);
+        }
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL, *listen = NULL, *upstream = NULL, *store_path = NULL;
     int rc;
 
+    /* Before anything is opened (every command opens a store or a file). */
+    if (std_fds_open() != 0) {
+        fprintf(stderr, "idemproxy: cannot open /dev/null in place of a closed stdin, stdout "
+                        "or stderr\n");
+        return 1;
+    }
     if (argc >= 2 && strcmp(argv[1], "check-store") == 0) {
         bool records = argc == 4 && strcmp(argv[3], "--records") == 0;
         if (argc != 3 && !records) {
