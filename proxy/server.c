@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access_log.h"
 #include "fault.h"
 #include "policy.h"
 #include "writer.h"
@@ -54,6 +55,10 @@
 #define POLL_MIN_MS 10
 #define POLL_MAX_MS 200
 #define LOG_FLUSH_BYTES 32768
+/* The access log's buffer between the workers and stdout (about a
+ * thousand lines), and how long a stop waits for stdout to take it. */
+#define ACCESS_LOG_BUFFER_BYTES (256 * 1024)
+#define ACCESS_LOG_STOP_FLUSH_MS 2000
 #define MAX_EVENTS 128
 #define EASY_POOL_MAX 256
 
@@ -218,6 +223,7 @@ struct proxy_server {
     atomic_int stopping;
     atomic_int n_waiting;
     char *upstream_base; /* upstream URL without trailing slash */
+    struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
 };
 
@@ -246,17 +252,13 @@ static int64_t real_ms(void)
 
 /* ---- access log ------------------------------------------------------- */
 
+/* Hands the worker's lines to the access log's own thread: a stdout that
+ * is not being read must never block a worker (lines are dropped and
+ * counted there instead, see access_log.h). */
 static void log_flush(struct worker *w)
 {
-    size_t off = 0;
-    while (off < w->loglen) {
-        ssize_t n = write(STDOUT_FILENO, w->logbuf + off, w->loglen - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break; /* stdout gone: drop the log rather than the request */
-        off += (size_t)n;
-    }
+    if (w->loglen > 0 && w->srv->access_log != NULL)
+        proxy_access_log_put(w->srv->access_log, w->logbuf, w->loglen);
     w->loglen = 0;
 }
 
@@ -2462,6 +2464,11 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
     }
     if (parse_listen(cfg->listen, &ss, &sslen, err, errlen) != 0)
         goto fail;
+    if (cfg->access_log &&
+        proxy_access_log_new(STDOUT_FILENO, ACCESS_LOG_BUFFER_BYTES, &srv->access_log) != 0) {
+        snprintf(err, errlen, "cannot start the access log");
+        goto fail;
+    }
     {
         struct writer_options wo = {
             .store = st,
@@ -2522,6 +2529,7 @@ fail:
             worker_fini(&srv->workers[i]);
         if (srv->listen_lock_fd >= 0)
             close(srv->listen_lock_fd);
+        proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
         free(srv->workers);
         free(srv->upstream_base);
         free(srv);
@@ -2551,6 +2559,8 @@ int proxy_server_join(struct proxy_server *srv)
         worker_fini(&srv->workers[i]);
     /* The listeners are closed: another store may take the port now. */
     close(srv->listen_lock_fd);
+    /* Bounded: a stdout nobody reads does not hold up the exit. */
+    proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
     free(srv->workers);
     free(srv->upstream_base);
     free(srv);
