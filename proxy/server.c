@@ -61,9 +61,17 @@
 #define ACCESS_LOG_STOP_FLUSH_MS 2000
 #define MAX_EVENTS 128
 #define EASY_POOL_MAX 256
+/* A rejected upload the proxy stops reading is answered and then read and
+ * discarded for a while before the socket is closed (a "lingering close",
+ * RFC 9112 section 9.6): closing with unread bytes makes the kernel send a
+ * reset, which can destroy the answer before the client reads it. Bounded
+ * in time, bytes and sockets per worker; past the count, closed at once. */
+#define LINGER_MS 2000
+#define LINGER_MAX_BYTES (64u << 20)
+#define LINGER_MAX_SOCKS 64
 
 /* What an epoll event is about: data.u64 = kind | fd << 8. */
-enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL };
+enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL, EP_LINGER };
 
 static uint64_t ep_data(enum ep_kind kind, int fd)
 {
@@ -94,6 +102,18 @@ enum req_state {
     RS_FINISHING,
     RS_RESPOND,
     RS_DONE,
+};
+
+/* A client socket taken over from libmicrohttpd to answer a rejected
+ * upload and linger (see LINGER_MS). The descriptor is a dup: libmicrohttpd
+ * closes its own one as usual. */
+struct linger_sock {
+    int fd;
+    int64_t deadline_ms;
+    size_t discarded;
+    char *out; /* the answer, until written */
+    size_t out_len, out_off;
+    struct linger_sock *next;
 };
 
 struct worker;
@@ -204,6 +224,8 @@ struct worker {
     size_t n_requests; /* allocated and not yet freed */
     bool draining;
     int64_t drain_deadline_ms;
+    struct linger_sock *lingering;
+    size_t n_lingering;
     bool mhd_pending; /* a connection was resumed: run MHD */
 
     char *logbuf;
@@ -459,6 +481,176 @@ static void respond_unavailable(struct request *r, const char *detail)
 {
     respond_problem(r, 503, "store-unavailable", "Store unavailable", detail, "unavailable", 1,
                     false);
+}
+
+/* ---- lingering close ------------------------------------------------------ */
+
+static void linger_close(struct worker *w, struct linger_sock *l)
+{
+    struct linger_sock **pp = &w->lingering;
+    while (*pp != NULL && *pp != l)
+        pp = &(*pp)->next;
+    if (*pp == l) {
+        *pp = l->next;
+        w->n_lingering--;
+    }
+    close(l->fd); /* also drops its epoll registration: the only descriptor */
+    free(l->out);
+    free(l);
+}
+
+/* Writes what is left of the answer; once all of it is out, ends our side
+ * (FIN after the answer) and stops watching for writability. Returns false
+ * when the socket failed. */
+static bool linger_flush(struct worker *w, struct linger_sock *l)
+{
+    while (l->out != NULL && l->out_off < l->out_len) {
+        ssize_t n = send(l->fd, l->out + l->out_off, l->out_len - l->out_off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return true; /* EPOLLOUT brings us back */
+        if (n <= 0)
+            return false;
+        l->out_off += (size_t)n;
+    }
+    if (l->out != NULL) {
+        struct epoll_event ev = {0};
+        free(l->out);
+        l->out = NULL;
+        shutdown(l->fd, SHUT_WR);
+        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.data.u64 = ep_data(EP_LINGER, l->fd);
+        epoll_ctl(w->epfd, EPOLL_CTL_MOD, l->fd, &ev);
+    }
+    return true;
+}
+
+static void linger_event(struct worker *w, int fd, uint32_t events)
+{
+    struct linger_sock *l = w->lingering;
+    char sink[16384];
+
+    while (l != NULL && l->fd != fd)
+        l = l->next;
+    if (l == NULL)
+        return;
+    if (!linger_flush(w, l)) {
+        linger_close(w, l);
+        return;
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0)
+        return;
+    for (;;) {
+        ssize_t n = recv(fd, sink, sizeof(sink), 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            /* The client closed (it has read the answer) or failed. */
+            linger_close(w, l);
+            return;
+        }
+        l->discarded += (size_t)n;
+        if (l->discarded > LINGER_MAX_BYTES) {
+            linger_close(w, l);
+            return;
+        }
+    }
+}
+
+static void linger_expire(struct worker *w, int64_t now, bool all)
+{
+    struct linger_sock *l = w->lingering;
+    while (l != NULL) {
+        struct linger_sock *next = l->next;
+        if (all || now >= l->deadline_ms)
+            linger_close(w, l);
+        l = next;
+    }
+}
+
+/*
+ * Answers a request whose body the proxy will not read to the end, on the
+ * client socket itself, and lingers: libmicrohttpd 0.9.75 cannot queue an
+ * answer while a body is being received, and the caller returns MHD_NO
+ * right after, which makes libmicrohttpd close its descriptor. The answer
+ * goes out on a dup of it, followed by a FIN; the rest of the body is read
+ * and discarded until the client closes, or LINGER_MS or LINGER_MAX_BYTES
+ * pass. Without a dup (out of descriptors or memory) the connection is
+ * simply closed, as before.
+ */
+static void reject_lingering(struct request *r, int status, const char *reason,
+                             const char *slug, const char *title, const char *detail)
+{
+    struct worker *w = r->w;
+    const union MHD_ConnectionInfo *ci;
+    struct linger_sock *l = NULL;
+    struct epoll_event ev = {0};
+    char head[256];
+    char date[64];
+    char *body = NULL;
+    size_t body_len = 0;
+    int head_len;
+    int fd = -1;
+    time_t t = time(NULL);
+    struct tm tm;
+
+    r->response_status = status;
+    r->outcome = "rejected";
+    r->state = RS_DONE;
+    ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        goto out;
+    gmtime_r(&t, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    body = idem_problem_json(status, slug, title, detail, &body_len);
+    if (body == NULL)
+        goto out;
+    head_len = snprintf(head, sizeof(head),
+                        "HTTP/1.1 %d %s\r\nDate: %s\r\nConnection: close\r\n"
+                        "Content-Type: application/problem+json\r\nContent-Length: %zu\r\n\r\n",
+                        status, reason, date, body_len);
+    if (head_len <= 0 || (size_t)head_len >= sizeof(head))
+        goto out;
+    l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        goto out;
+    l->out = malloc((size_t)head_len + body_len);
+    if (l->out == NULL)
+        goto out;
+    memcpy(l->out, head, (size_t)head_len);
+    memcpy(l->out + head_len, body, body_len);
+    l->out_len = (size_t)head_len + body_len;
+    fd = fcntl(ci->connect_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        goto out;
+    l->fd = fd;
+    l->deadline_ms = mono_ms() + LINGER_MS;
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
+    ev.data.u64 = ep_data(EP_LINGER, fd);
+    if (w->n_lingering >= LINGER_MAX_SOCKS || epoll_ctl(w->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        /* No room to linger: answer what the socket takes now, then close. */
+        l->next = NULL;
+        linger_flush(w, l);
+        goto out;
+    }
+    l->next = w->lingering;
+    w->lingering = l;
+    w->n_lingering++;
+    if (!linger_flush(w, l))
+        linger_close(w, l);
+    l = NULL;
+    fd = -1;
+out:
+    if (l != NULL) {
+        free(l->out);
+        free(l);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(body);
 }
 
 /*
@@ -1486,6 +1678,26 @@ static bool host_value_ok(const char *v, size_t n)
 
 /* Headers are complete: everything decidable before the body. Returns
  * false when the request was answered (r->state is RS_RESPOND). */
+/* The most body the proxy reads for this request: the route's max_body, or
+ * for a request no route covers, the largest max_body of any route, so
+ * pass-through cannot be used to exhaust memory. */
+static uint64_t body_limit(const struct request *r)
+{
+    const struct config *cfg = r->w->srv->cfg;
+    uint64_t cap = 0;
+
+    if (r->route != NULL)
+        return r->route->max_body_bytes;
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        if (cfg->routes[i].max_body_bytes > cap)
+            cap = cfg->routes[i].max_body_bytes;
+    return cap;
+}
+
+#define BODY_TOO_LARGE_UNCOVERED                                                               \
+    "the body exceeds the largest max_body of any route, the limit for requests no route "   \
+    "covers"
+
 static bool on_headers(struct request *r, const char *method, const char *version)
 {
     const struct config *cfg = r->w->srv->cfg;
@@ -1590,15 +1802,22 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         return false;
     }
     r->route = config_match_route(cfg, r->method, r->target, r->path_len);
-    if (r->route == NULL)
-        return true;
-    if (cl != NULL && strtoull(cl->value, NULL, 10) > r->route->max_body_bytes) {
-        snprintf(detail, sizeof(detail), "the body exceeds this route's max_body of %llu bytes",
-                 (unsigned long long)r->route->max_body_bytes);
+    /* 413 as soon as Content-Length says so, covered or not: the body is
+     * never read. */
+    if (cl != NULL && strtoull(cl->value, NULL, 10) > body_limit(r)) {
+        if (r->route != NULL)
+            snprintf(detail, sizeof(detail),
+                     "the body exceeds this route's max_body of %llu bytes",
+                     (unsigned long long)r->route->max_body_bytes);
+        else
+            snprintf(detail, sizeof(detail), BODY_TOO_LARGE_UNCOVERED " (%llu bytes)",
+                     (unsigned long long)body_limit(r));
         respond_problem(r, 413, "body-too-large", "Request body too large", detail, "rejected", 0,
                         true);
         return false;
     }
+    if (r->route == NULL)
+        return true;
     {
         size_t n_key = idem_headers_count(&r->headers, "Idempotency-Key");
         const struct idem_header *kh = idem_headers_find(&r->headers, "Idempotency-Key");
@@ -1660,22 +1879,29 @@ static bool on_headers(struct request *r, const char *method, const char *versio
     return true;
 }
 
+/* Returns false when the proxy stops reading the body: the request was
+ * then answered on the socket (reject_lingering) and the handler must
+ * return MHD_NO. */
 static bool append_body(struct request *r, const char *data, size_t len)
 {
-    uint64_t cap = r->route != NULL ? r->route->max_body_bytes : 0;
+    uint64_t cap = body_limit(r);
 
-    if (r->route == NULL) {
-        /* Not covered: still bounded, by the largest max_body of any
-         * route, so pass-through cannot be used to exhaust memory. */
-        const struct config *cfg = r->w->srv->cfg;
-        for (size_t i = 0; i < cfg->n_routes; i++)
-            if (cfg->routes[i].max_body_bytes > cap)
-                cap = cfg->routes[i].max_body_bytes;
-    }
     if (r->body_too_large || (uint64_t)r->body_len + len > cap) {
         r->body_too_large = true;
         r->body_discarded += len;
-        return r->body_discarded <= 16 * (size_t)cap + 65536;
+        if (r->body_discarded <= 16 * (size_t)cap + 65536)
+            return true; /* read on, answered at the end of the body */
+        /* Too much to read on: answer now, on the socket, and linger, so
+         * the client reads the 413 rather than a reset. */
+        if (r->oom)
+            reject_lingering(r, 503, "Service Unavailable", "out-of-memory", "Out of memory",
+                             "the proxy could not hold this request; nothing was forwarded");
+        else
+                reject_lingering(r, 413, "Content Too Large", "body-too-large",
+                             "Request body too large",
+                             r->route != NULL ? "the body exceeds this route's max_body"
+                                              : BODY_TOO_LARGE_UNCOVERED);
+        return false;
     }
     if (r->body_len + len > r->body_cap) {
         size_t ncap = r->body_cap ? r->body_cap : 1024;
@@ -1709,10 +1935,8 @@ static void on_complete_request(struct request *r)
     }
     if (r->body_too_large) {
         respond_problem(r, 413, "body-too-large", "Request body too large",
-                        r->route != NULL
-                            ? "the body exceeds this route's max_body"
-                            : "the body exceeds the largest max_body of any route, the limit "
-                              "for requests no route covers",
+                        r->route != NULL ? "the body exceeds this route's max_body"
+                                         : BODY_TOO_LARGE_UNCOVERED,
                         "rejected", 0, true);
         return;
     }
@@ -2043,7 +2267,7 @@ static void *worker_main(void *arg)
             w->drain_deadline_ms = now + srv->cfg->server.drain_timeout_ms;
         }
         if (w->draining) {
-            if (w->n_requests == 0)
+            if (w->n_requests == 0 && w->n_lingering == 0)
                 break;
             if (now >= w->drain_deadline_ms) {
                 force_drain(w);
@@ -2063,7 +2287,7 @@ static void *worker_main(void *arg)
         }
         if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < timeout)
             timeout = (int)mhd_to;
-        if (w->draining && timeout > 100)
+        if ((w->draining || w->n_lingering > 0) && timeout > 100)
             timeout = 100;
         log_flush(w);
 
@@ -2077,6 +2301,8 @@ static void *worker_main(void *arg)
                 run_mhd = true;
             else if (kind == EP_INBOX)
                 drain_inbox(w);
+            else if (kind == EP_LINGER)
+                linger_event(w, (int)(d >> 8), evs[i].events);
             else
                 curl_sock_event(w, (int)(d >> 8), evs[i].events);
         }
@@ -2087,6 +2313,8 @@ static void *worker_main(void *arg)
             curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
         }
         curl_check_done(w);
+        if (w->n_lingering > 0)
+            linger_expire(w, now, false);
         if (now >= next_tick) {
             tick(w, now);
             next_tick = now + TICK_MS;
@@ -2096,6 +2324,7 @@ static void *worker_main(void *arg)
             MHD_run(w->mhd);
         }
     }
+    linger_expire(w, 0, true);
     log_flush(w);
     return NULL;
 }
