@@ -69,6 +69,9 @@
 #define LINGER_MS 2000
 #define LINGER_MAX_BYTES (64u << 20)
 #define LINGER_MAX_SOCKS 64
+/* After the drain deadline: how long the answers just forced (503, 504)
+ * get to be written before every remaining connection is closed. */
+#define DRAIN_GRACE_MS 1000
 
 /* What an epoll event is about: data.u64 = kind | fd << 8. */
 enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL, EP_LINGER };
@@ -224,6 +227,8 @@ struct worker {
     size_t n_requests; /* allocated and not yet freed */
     bool draining;
     int64_t drain_deadline_ms;
+    bool drain_forced;  /* the deadline passed: in-flight requests were settled */
+    size_t n_jobs;      /* writer jobs submitted and not yet delivered back */
     struct linger_sock *lingering;
     size_t n_lingering;
     bool mhd_pending; /* a connection was resumed: run MHD */
@@ -481,6 +486,18 @@ static void respond_unavailable(struct request *r, const char *detail)
 {
     respond_problem(r, 503, "store-unavailable", "Store unavailable", detail, "unavailable", 1,
                     false);
+}
+
+/* 503 shutting-down: "try again later" (RFC 9110 section 15.6.4), like
+ * every other 503 of the proxy, and the last answer on this connection. */
+static struct MHD_Response *make_shutting_down(const char *detail)
+{
+    struct MHD_Response *resp = make_problem(503, "shutting-down", "Shutting down", detail);
+    if (resp != NULL) {
+        MHD_add_response_header(resp, "Retry-After", "1");
+        MHD_add_response_header(resp, "Connection", "close");
+    }
+    return resp;
 }
 
 /* ---- lingering close ------------------------------------------------------ */
@@ -777,6 +794,7 @@ static void suspend(struct request *r)
 static void submit(struct request *r, struct writer_job *job)
 {
     job->owner = r;
+    r->w->n_jobs++;
     if (job == &r->hb_job)
         r->hb_pending = true;
     else
@@ -1375,8 +1393,17 @@ static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expir
 {
     int64_t now = mono_ms();
     r->holder_lease_expires_ms = holder_lease_expires_ms;
+    if (r->w->drain_forced) {
+        /* The drain is over: no wait left to give; not a conflict. */
+        respond(r, make_shutting_down("the proxy stopped before the key's holder finished; retry"),
+                503, "unavailable");
+        return;
+    }
     if (r->wait_deadline_ms == 0) {
-        if (r->route->wait_ms <= 0 || r->w->draining) {
+        /* During the drain a duplicate still waits: the holder is in
+         * flight and finishing is what the drain is for. force_drain()
+         * cuts the wait at the deadline. */
+        if (r->route->wait_ms <= 0) {
             respond_conflict(r);
             return;
         }
@@ -1429,6 +1456,7 @@ out:
 
 static void on_job(struct request *r, struct writer_job *j)
 {
+    r->w->n_jobs--;
     if (j == &r->hb_job) {
         r->hb_pending = false;
         if (j->error == 0 && j->op.outcome == STORE_FENCED)
@@ -1457,8 +1485,7 @@ static void on_job(struct request *r, struct writer_job *j)
             memcpy(r->lease_id, j->op.lease_id, STORE_LEASE_ID_BYTES);
             if (r->w->draining) {
                 /* Acquired as we began to stop: give the key back. */
-                r->response = make_problem(503, "shutting-down", "Shutting down",
-                                           "the proxy is stopping; retry");
+                r->response = make_shutting_down("the proxy is stopping; retry");
                 r->response_status = 503;
                 r->outcome = "unavailable";
                 submit_settle(r, STORE_OP_RELEASE, 0);
@@ -1971,6 +1998,16 @@ static enum MHD_Result queue_answer(struct request *r)
         r->state = RS_DONE;
         return MHD_NO;
     }
+    /* A stopping proxy closes every connection: say so on each answer
+     * (RFC 9112 section 9.6) so no client sends another request on it.
+     * Marked on the request side, as if the client had sent it, which makes
+     * libmicrohttpd close after the answer and write "Connection: close"
+     * itself: adding the header to the response would lose its Date
+     * (libmicrohttpd 0.9.75 resets the response's header flags when a
+     * Connection header is first added, then sends a second Date), and a
+     * replay must keep the stored headers as they are. */
+    if (r->w->draining)
+        (void)MHD_set_connection_value(r->conn, MHD_HEADER_KIND, "Connection", "close");
     ret = MHD_queue_response(r->conn, (unsigned int)r->response_status, r->response);
     MHD_destroy_response(r->response);
     r->response = NULL;
@@ -2229,9 +2266,10 @@ static void force_drain(struct worker *w)
     while (r != NULL) {
         struct request *next = r->next;
         if (r->state == RS_WAITING) {
-            respond_problem(r, 503, "shutting-down", "Shutting down",
-                            "the proxy stopped before the key's holder finished", "unavailable",
-                            1, false);
+            respond(r,
+                    make_shutting_down("the proxy stopped before the key's holder finished; "
+                                       "retry"),
+                    503, "unavailable");
         } else if (r->state == RS_UPSTREAM) {
             /* The outcome is unknown: treat it as a timeout. */
             upstream_done(r, CURLE_OPERATION_TIMEDOUT);
@@ -2269,10 +2307,17 @@ static void *worker_main(void *arg)
         if (w->draining) {
             if (w->n_requests == 0 && w->n_lingering == 0)
                 break;
-            if (now >= w->drain_deadline_ms) {
+            if (!w->drain_forced && now >= w->drain_deadline_ms) {
                 force_drain(w);
-                w->drain_deadline_ms = INT64_MAX / 2; /* once */
+                w->drain_forced = true;
             }
+            /* Past the deadline and a grace for the answers just forced,
+             * with every record settled: stop, which closes whatever is
+             * left (a client still sending its body, a slow reader). Those
+             * requests hold no record; nothing of theirs ran. */
+            if (w->drain_forced && now >= w->drain_deadline_ms + DRAIN_GRACE_MS &&
+                w->n_jobs == 0)
+                break;
         }
 
         timeout = w->n_active > 0 ? (int)(next_tick - now) : IDLE_TICK_MS;
