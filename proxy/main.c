@@ -211,10 +211,14 @@ static int run(const char *config_path, const char *listen, const char *upstream
             goto out;
         }
     }
-    /* Signals are taken by sigwait() below, never by a worker. */
+    /* Signals are taken by sigwait() below, never by a worker. SIGHUP (a
+     * closed terminal, or a supervisor's "reload", which idemproxy does not
+     * have) drains like SIGTERM rather than killing the process with
+     * requests in flight. */
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (proxy_server_start(cfg, st, &srv, err, sizeof(err)) != 0) {
@@ -225,7 +229,8 @@ static int run(const char *config_path, const char *listen, const char *upstream
     idem_fault_arm(); /* tests/faults: count from here, not during startup */
     while (sigwait(&set, &sig) != 0)
         ;
-    fprintf(stderr, "idemproxy: %s: draining\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fprintf(stderr, "idemproxy: %s: draining\n",
+            sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
     proxy_server_stop(srv);
     proxy_server_join(srv);
     fprintf(stderr, "idemproxy: stopped\n");

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The drain (SIGTERM) ends every connection: a client still sending
+"""The drain (SIGTERM, SIGHUP) ends every connection: a client still sending
 its body cannot hold the process past server.drain_timeout; every answer
 given during the drain says Connection: close and is the last on its
 connection; "the proxy is stopping" is a 503 with Retry-After (problem+json),
 never a 409; a duplicate arriving during the drain still gets its holder's
 answer when the holder finishes in time."""
 
+import signal
 import threading
 import time
 import unittest
@@ -144,6 +145,24 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
             holder.result(30)
         except Exception:  # noqa: BLE001 - the holder's answer is not this test's subject
             pass
+
+    def test_sighup_drains_like_sigterm(self):
+        # No configuration reload: SIGHUP (a closed terminal, a supervisor's
+        # "reload") stops gracefully, letting the request in flight finish.
+        proxy = self.start_proxy(config=self.config(server={"drain_timeout": "10s",
+                                                            "workers": 1}))
+        flight = in_thread(self.post, proxy, "hup-1", headers=[("X-Test-Delay-Ms", "1500")])
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("hup-1") == 1, 5))
+        proxy.stop_called = True
+        proxy.proc.send_signal(signal.SIGHUP)
+        first = flight.result(15)
+        self.assertExecuted(first)
+        rc = proxy.wait_exit(15)
+        self.assertEqual(rc, 0, "exit status after SIGHUP: %r; %s" % (rc, proxy.stderr()))
+        self.assertIn("SIGHUP: draining", proxy.stderr())
+        new = self.start_proxy(config=self.config(), name="new")
+        self.assertReplayOf(self.post(new, "hup-1"), first)
+        self.assertEqual(self.upstream.count("hup-1"), 1)
 
 
 if __name__ == "__main__":
