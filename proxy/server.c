@@ -1777,6 +1777,20 @@ static bool on_headers(struct request *r, const char *method, const char *versio
             return false;
         }
     }
+    /* CONNECT asks for a tunnel (RFC 9110 section 9.3.6), which a reverse
+     * proxy does not make: forwarded, a 2xx from the upstream went back
+     * without framing (libmicrohttpd frames no 2xx to CONNECT) on a
+     * connection left open. 501 is the answer for a method the server does
+     * not implement (RFC 9110 section 15.6.2); the connection is closed,
+     * since what follows a CONNECT is tunnel data, not a request. Checked
+     * before routing, so a route listing CONNECT stores nothing either. */
+    if (strcmp(method, MHD_HTTP_METHOD_CONNECT) == 0) {
+        respond_problem(r, 501, "method-not-implemented", "Method not implemented",
+                        "CONNECT (a tunnel) is not supported by this reverse proxy; nothing was "
+                        "forwarded",
+                        "rejected", 0, true);
+        return false;
+    }
     /* RFC 6585 section 5: the request line plus every field line, as sent,
      * and what libmicrohttpd makes of them in the connection's pool. */
     r->pool_bytes = request_pool_bytes(r, method, version);
