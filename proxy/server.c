@@ -249,6 +249,7 @@ struct proxy_server {
     unsigned n_workers;
     atomic_int stopping;
     atomic_int n_waiting;
+    atomic_uint n_conns; /* client connections of all workers, see on_connection() */
     char *upstream_base; /* upstream URL without trailing slash */
     struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
@@ -2092,6 +2093,47 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     maybe_free(r);
 }
 
+/*
+ * server.max_connections is one limit for the process. Each worker has its
+ * own SO_REUSEPORT listener and the kernel picks one by a hash of the
+ * client's address, whatever the worker's load: with the limit split over
+ * the workers, a connection hashed to a full worker waited in its listen
+ * queue, unanswered, while another worker had free slots. So every daemon
+ * may hold the whole limit (plus one per worker, so that libmicrohttpd never
+ * stops accepting on its own and leaves a connection queued), and admission
+ * is decided here against the count of all workers: an over-limit
+ * connection is closed at once. on_accept() refuses while the count is at
+ * the limit; two workers may both pass it for the last slot, so the count
+ * itself is taken in on_connection() and the loser's socket is shut down
+ * there, which libmicrohttpd reads as the client closing. Thread-safe: any
+ * worker calls both.
+ */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    const struct worker *w = cls;
+    (void)addr;
+    (void)addrlen;
+    return atomic_load(&w->srv->n_conns) < w->srv->cfg->server.max_connections ? MHD_YES : MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct worker *w = cls;
+    (void)socket_context;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (atomic_fetch_add(&w->srv->n_conns, 1) >= w->srv->cfg->server.max_connections) {
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+            if (ci != NULL)
+                shutdown(ci->connect_fd, SHUT_RDWR);
+        }
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        atomic_fetch_sub(&w->srv->n_conns, 1);
+    }
+}
+
 static void mhd_log(void *cls, const char *fm, va_list ap)
 {
     (void)cls;
@@ -2581,14 +2623,16 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
 {
     const struct config *cfg = w->srv->cfg;
     unsigned n = w->srv->n_workers;
-    unsigned conn_limit = cfg->server.max_connections / n;
+    /* See on_connection(): the process-wide limit is enforced there. */
+    unsigned mhd_limit = cfg->server.max_connections + n;
+    unsigned curl_cache = cfg->server.max_connections / n;
     unsigned per_ip = (cfg->server.per_ip_connections + n - 1) / n;
     unsigned timeout_s = (unsigned)((cfg->server.client_timeout_ms + 999) / 1000);
     const union MHD_DaemonInfo *info;
     struct epoll_event ev = {0};
 
-    if (conn_limit == 0)
-        conn_limit = 1;
+    if (curl_cache == 0)
+        curl_cache = 1;
     w->listen_fd = listen_fd;
     w->curl_deadline_ms = -1;
     pthread_mutex_init(&w->inbox_lock, NULL);
@@ -2600,10 +2644,11 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         return -1;
     }
     w->mhd = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, NULL,
-        NULL, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, on_accept,
+        w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
-        MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         mhd_memory_bytes(cfg), MHD_OPTION_END);
     if (w->mhd == NULL) {
@@ -2664,7 +2709,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
     curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, curl_timer_cb);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
-    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)conn_limit);
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)curl_cache);
     return 0;
 }
 
