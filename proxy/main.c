@@ -221,6 +221,10 @@ static int run(const char *config_path, const char *listen, const char *upstream
     sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A write past a file size limit (RLIMIT_FSIZE) must fail with EFBIG,
+     * which the store treats as a full file system (fail closed), rather
+     * than kill the process with SIGXFSZ in the middle of a commit. */
+    signal(SIGXFSZ, SIG_IGN);
     if (proxy_server_start(cfg, st, &srv, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemproxy: %s\n", err);
         rc = 1;

@@ -835,6 +835,8 @@ static void submit_settle(struct request *r, enum store_op_kind kind, int status
         j->op.headers.len = r->store_headers_len;
         j->op.body.ptr = r->resp_body;
         j->op.body.len = r->resp_len;
+    } else if (kind == STORE_OP_EXTEND) {
+        j->op.lease_ms = r->route->ttl_ms; /* the record is held until its TTL */
     }
     r->state = RS_FINISHING;
     submit(r, j);
@@ -1526,11 +1528,16 @@ static void on_job(struct request *r, struct writer_job *j)
         break;
     case STORE_OP_COMPLETE:
         if (j->error != 0 || j->op.outcome == STORE_FULL) {
-            /* The action ran but its result could not be stored: give the
-             * key back so it is not stuck until the lease expires, and
-             * still tell the client what the upstream said. */
+            /* The action ran but its result could not be stored (a full
+             * map or file system, a failing disk). Releasing the key would
+             * let the client's retry run the action a second time, so the
+             * record stays IN_PROGRESS instead, its lease extended to the
+             * route's TTL: retries get 409 until then, and purge removes it
+             * after. The extend is a small in-place write that fits in the
+             * reserve completions leave. The client still gets what the
+             * upstream said. */
             r->outcome = "unstored";
-            submit_settle(r, STORE_OP_RELEASE, 0);
+            submit_settle(r, STORE_OP_EXTEND, 0);
             break;
         }
         if (j->op.outcome == STORE_FENCED)

@@ -62,6 +62,15 @@ enum store_error {
 
 const char *store_strerror(int err);
 
+/* What lay behind the last store call on the calling thread that failed,
+ * or was refused for room (STORE_EFULL, an op's STORE_FULL): writes a
+ * sentence naming it into buf ("the file system is full (ENOSPC: No space
+ * left on device)", "the map is full (MDB_MAP_FULL: ...), raise
+ * store.map_size") and returns its LMDB or errno code, 0 (and "") when
+ * there was none. For the caller's log: the store itself never logs.
+ * Thread-safe (the cause is kept per thread). */
+int store_last_cause(char *buf, size_t len);
+
 /* A binary-safe span. The store never keeps the pointer after a call. */
 struct store_span {
     const void *ptr;

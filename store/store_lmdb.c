@@ -41,6 +41,7 @@
 #include "store_fault.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
@@ -93,6 +94,10 @@
  * per record written (leaf splits and copies of other leaves). */
 #define TXN_PATH_PAGES 8
 #define RECORD_PAGES 1
+/* The data file is grown ahead of its use (posix_fallocate) by at least
+ * this much at a time, so a growing store pays one such call per MiB
+ * written, not one per transaction. */
+#define FILE_GROW_MIN_BYTES ((uint64_t)1 << 20)
 /* LMDB's page header, which an overflow value also carries. */
 #define PAGE_HEADER_BYTES 16
 /* Lease ids come from a buffer of kernel randomness this large: one
@@ -203,19 +208,82 @@ static void open_envs_remove(struct lmdb_store *s)
     pthread_mutex_unlock(&open_envs_lock);
 }
 
+/* The LMDB or errno code behind the last failure on this thread, for
+ * store_last_cause(). The writer is one thread, so its failures and the
+ * line it logs about them go together. */
+static _Thread_local int last_cause;
+
+/* A file system that cannot take more data: no space, a quota, or the
+ * process's file size limit (RLIMIT_FSIZE, with SIGXFSZ ignored). */
+static bool fs_full(int rc)
+{
+    return rc == ENOSPC || rc == EDQUOT || rc == EFBIG;
+}
+
 /* LMDB and errno codes to store errors. MDB_TXN_FULL counts as full: the
- * remedy is the same (smaller transactions). */
+ * remedy is the same (smaller transactions). So does a full file system
+ * (a commit that cannot write its pages): it must fail closed exactly as a
+ * full map does, and purging frees pages inside the file for it too. */
 static int map_err(int rc)
 {
     int e = STORE_EIO;
     if (rc == 0) {
         e = STORE_OK;
-    } else if (rc == MDB_MAP_FULL || rc == MDB_TXN_FULL) {
+    } else if (rc == MDB_MAP_FULL || rc == MDB_TXN_FULL || fs_full(rc)) {
         e = STORE_EFULL;
     } else if (rc == ENOMEM) {
         e = STORE_ENOMEM;
     }
+    if (rc != 0) {
+        last_cause = rc;
+    }
     return e;
+}
+
+int store_last_cause(char *buf, size_t len)
+{
+    int rc = last_cause;
+    const char *what = "the store failed";
+    const char *name = NULL;
+
+    switch (rc) {
+    case MDB_MAP_FULL:
+        what = "the map is full (raise store.map_size, or shorten TTLs)";
+        name = "MDB_MAP_FULL";
+        break;
+    case MDB_TXN_FULL:
+        what = "a transaction was too large";
+        name = "MDB_TXN_FULL";
+        break;
+    case ENOSPC:
+        what = "the file system is full";
+        name = "ENOSPC";
+        break;
+    case EDQUOT:
+        what = "the disk quota is used up";
+        name = "EDQUOT";
+        break;
+    case EFBIG:
+        what = "the data file reached the file size limit";
+        name = "EFBIG";
+        break;
+    case EIO:
+        name = "EIO";
+        break;
+    default:
+        break;
+    }
+    if (len == 0) {
+        return rc;
+    }
+    if (rc == 0) {
+        buf[0] = '\0';
+    } else if (name != NULL) {
+        snprintf(buf, len, "%s (%s: %s)", what, name, mdb_strerror(rc));
+    } else {
+        snprintf(buf, len, "%s (%d: %s)", what, rc, mdb_strerror(rc));
+    }
+    return rc;
 }
 
 /* The store's layout as txn sees it (0: not written, a store older than
@@ -562,44 +630,110 @@ out:
  * It is an estimate (contiguity is not counted, nor readers pinning old
  * pages), which is all a reserve needs: LMDB itself still refuses what does
  * not fit.
+ *
+ * The map is not the only limit: LMDB grows the data file as it writes past
+ * its end, and on a full file system that write fails at commit, after an
+ * acquire let the action run. So the same claim also holds for the file:
+ * free pages are the freelist's and those between the last used page and
+ * the file's end, and when those do not cover it, the file is grown first
+ * (posix_fallocate, at least FILE_GROW_MIN_BYTES at a time, never past the
+ * map). A file system that cannot give that room (ENOSPC, EDQUOT, EFBIG)
+ * fails the claim like MDB_MAP_FULL, before anything ran: the room for an
+ * acquire's answer, and the reserve purge needs, are on disk, not just in
+ * the map. A file system without fallocate (EOPNOTSUPP) is trusted, as
+ * before: LMDB's own write then says whether it fits (map_err()).
  */
 struct space {
     bool tail_known;
     bool list_known;
-    uint64_t free_pages;
+    uint64_t used_pages; /* the map's high-water mark */
+    uint64_t map_tail;   /* pages past it that the map still allows */
+    uint64_t file_tail;  /* pages past it inside the data file (<= map_tail) */
+    uint64_t listed;     /* reusable pages on the freelist, once list_known */
     uint64_t claimed;
 };
+
+/* Grows the data file by at least missing pages (see struct space). */
+static int file_grow(struct lmdb_store *s, struct space *sp, uint64_t missing)
+{
+    uint64_t room = sp->map_tail - sp->file_tail;
+    uint64_t chunk = FILE_GROW_MIN_BYTES / s->page_bytes;
+    off_t at = (off_t)((sp->used_pages + sp->file_tail) * s->page_bytes);
+    int fd = -1;
+    int err;
+    int rc = STORE_OK;
+
+    if (chunk < missing) {
+        chunk = missing;
+    }
+    if (chunk > room) {
+        chunk = room;
+    }
+    if (mdb_env_get_fd(s->env, &fd) != 0) {
+        sp->file_tail = sp->map_tail; /* cannot tell: leave it to LMDB */
+        goto out;
+    }
+    err = posix_fallocate(fd, at, (off_t)(chunk * s->page_bytes));
+    if (err != 0 && chunk > missing) {
+        chunk = missing; /* the exact need may still fit */
+        err = posix_fallocate(fd, at, (off_t)(chunk * s->page_bytes));
+    }
+    if (err == 0) {
+        sp->file_tail += chunk;
+    } else if (fs_full(err)) {
+        last_cause = err;
+        rc = STORE_EFULL;
+    } else {
+        sp->file_tail = sp->map_tail; /* no fallocate here: leave it to LMDB */
+    }
+out:
+    return rc;
+}
 
 static int space_claim(struct lmdb_store *s, struct space *sp, uint64_t need, uint64_t keep)
 {
     int rc = STORE_OK;
+    uint64_t want;
 
     if (!sp->tail_known) {
         MDB_envinfo info;
+        struct stat st;
+        int fd = -1;
         uint64_t map_pages;
-        uint64_t used_pages;
         rc = map_err(mdb_env_info(s->env, &info));
         if (rc != STORE_OK) {
             goto out;
         }
         map_pages = (uint64_t)info.me_mapsize / s->page_bytes;
-        used_pages = (uint64_t)info.me_last_pgno + 1;
-        sp->free_pages = map_pages > used_pages ? map_pages - used_pages : 0;
+        sp->used_pages = (uint64_t)info.me_last_pgno + 1;
+        sp->map_tail = map_pages > sp->used_pages ? map_pages - sp->used_pages : 0;
+        sp->file_tail = sp->map_tail; /* unless the file says less */
+        if (mdb_env_get_fd(s->env, &fd) == 0 && fstat(fd, &st) == 0) {
+            uint64_t file_pages = (uint64_t)st.st_size / s->page_bytes;
+            uint64_t in_file = file_pages > sp->used_pages ? file_pages - sp->used_pages : 0;
+            sp->file_tail = in_file < sp->map_tail ? in_file : sp->map_tail;
+        }
         sp->tail_known = true;
         sp->claimed = TXN_PATH_PAGES;
     }
-    if (sp->free_pages < sp->claimed + need + keep && !sp->list_known) {
-        uint64_t listed = 0;
-        rc = freelist_pages(s, &listed);
+    want = sp->claimed + need + keep;
+    if (sp->file_tail + sp->listed < want && !sp->list_known) {
+        rc = freelist_pages(s, &sp->listed);
         if (rc != STORE_OK) {
             goto out;
         }
-        sp->free_pages += listed;
         sp->list_known = true;
     }
-    if (sp->free_pages < sp->claimed + need + keep) {
+    if (sp->map_tail + sp->listed < want) {
+        last_cause = MDB_MAP_FULL;
         rc = STORE_EFULL;
         goto out;
+    }
+    if (sp->file_tail + sp->listed < want) {
+        rc = file_grow(s, sp, want - sp->file_tail - sp->listed);
+        if (rc != STORE_OK) {
+            goto out;
+        }
     }
     sp->claimed += need;
 out:

@@ -417,9 +417,10 @@ class Upstream:
 class Proxy:
     """One idemproxy process: `idemproxy --config FILE`."""
 
-    def __init__(self, workdir, config, name, args=(), env=None):
+    def __init__(self, workdir, config, name, args=(), env=None, preexec_fn=None):
         self.workdir = workdir
         self.env = env  # None: this process's environment
+        self.preexec_fn = preexec_fn  # run in the child before exec (limits)
         self.config = json.loads(json.dumps(config))
         self.name = name
         self.args = list(args)
@@ -443,7 +444,8 @@ class Proxy:
             try:
                 self.proc = subprocess.Popen([binary(), "--config", self.config_path] + self.args,
                                              stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                             cwd=self.workdir, env=self.env)
+                                             cwd=self.workdir, env=self.env,
+                                             preexec_fn=self.preexec_fn)
             finally:
                 out.close()
                 err.close()
@@ -667,12 +669,13 @@ class ProxyTestCase(unittest.TestCase):
         cfg.update(top)
         return cfg
 
-    def start_proxy(self, config=None, name=None, args=(), **route_overrides):
-        """Starts a proxy (default: config() with route(**route_overrides))."""
+    def start_proxy(self, config=None, name=None, args=(), preexec_fn=None, **route_overrides):
+        """Starts a proxy (default: config() with route(**route_overrides));
+        preexec_fn runs in the child before exec (resource limits)."""
         if config is None:
             config = self.config(routes=[self.route(**route_overrides)])
         name = name or "proxy%d" % (len(self.proxies) + 1)
-        p = Proxy(self.workdir, config, name, args)
+        p = Proxy(self.workdir, config, name, args, preexec_fn=preexec_fn)
         self.proxies.append(p)
         return p.start()
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""A full file system fails closed, as a full map does: once an action ran, a
+retry of its key never runs it again; new keys get 503 (nothing forwarded)
+as soon as the store cannot grow; and the store recovers once its records
+expire. The file system is made "full" without root: RLIMIT_FSIZE on the
+proxy (with SIGXFSZ ignored, a write past it fails with EFBIG, a real
+kernel limit) caps the data file at 4 MiB while map_size is 64 MiB, and
+every answer is 8 KiB, so small acquires fit long after completions need
+the file to grow (README, Failure policy)."""
+
+import resource
+import signal
+import time
+import unittest
+
+import harness
+
+FILE_LIMIT_BYTES = 4 << 20
+KEYS = 700
+BODY_BYTES = 8192
+TTL_S = 8.0
+
+
+def limit_file_size():
+    """In the proxy's child process, before exec."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_BYTES, FILE_LIMIT_BYTES))
+
+
+class DiskFull(harness.ProxyTestCase):
+    def big(self, proxy, key):
+        return self.post(proxy, key, headers=[("X-Test-Fault", "huge"),
+                                              ("X-Test-Size", str(BODY_BYTES))])
+
+    def test_full_file_system_never_runs_an_action_twice(self):
+        cfg = self.config(routes=[self.route(ttl="%gs" % TTL_S, wait="0s")],
+                          store={"map_size": "64MiB", "purge_interval": "1s"})
+        proxy = self.start_proxy(config=cfg, preexec_fn=limit_file_size)
+        keys = ["disk-%d" % i for i in range(KEYS)]
+        first = {}
+        for k in keys:
+            first[k] = self.big(proxy, k)
+        # Every key once more: a replay, a 409/503, never a second run.
+        again = {}
+        for k in keys:
+            again[k] = self.big(proxy, k)
+        executed = self.upstream.executions()["by_key"]
+        twice = [k for k in keys if executed.get(k, 0) > 1]
+        statuses = sorted(set(r.status for r in first.values()))
+        self.assertFalse(twice, "%d of %d keys ran twice once the file system was full, "
+                         "e.g. %r (first answers: %r)" % (len(twice), KEYS, twice[:5], statuses))
+        refused = [k for k in keys if first[k].status == 503]
+        self.assertTrue(refused, "the 4 MiB file never filled up: %r" % statuses)
+        for k in refused:
+            self.assertProblem(first[k], 503)
+            self.assertRetryAfter(first[k], minimum=1)
+            self.assertEqual(executed.get(k, 0), 0, "%s was answered 503 but forwarded" % k)
+        stored = [k for k in keys if first[k].status == 201 and again[k].replayed]
+        self.assertTrue(stored, "nothing was stored before the file system filled up")
+        for k in stored[:5] + stored[-5:]:
+            self.assertReplayOf(again[k], first[k])
+        self.assertTrue(proxy.running(), "the proxy died: %s" % proxy.stderr()[-2000:])
+
+        # Every record expires; the periodic purge must then make room again
+        # although the file cannot grow (a store is only "full after purging").
+        deadline = time.monotonic() + TTL_S + 60.0
+        fresh = None
+        n = 0
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            n += 1
+            fresh = self.big(proxy, "after-ttl-%d" % n)
+            if fresh.status == 201:
+                break
+        self.assertIsNotNone(fresh)
+        self.assertEqual(fresh.status, 201, "the store stayed full after every record "
+                         "expired: %r" % fresh)
+        for i in range(50):
+            k = "after-ttl-more-%d" % i
+            r = self.big(proxy, k)
+            self.assertEqual(r.status, 201, "%s after the TTL: %r" % (k, r))
+            self.assertEqual(self.upstream.count(k), 1)
+
+    def test_answer_that_cannot_be_stored_holds_its_key(self):
+        """An answer larger than the room an acquire claims (headroom: 1 MiB
+        for a 64 MiB map) on a file system that cannot take it: the action
+        ran, so the record is held IN_PROGRESS, never released."""
+        limit = 2 << 20
+        def small_file():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        cfg = self.config(routes=[self.route(ttl="1h", wait="0s")],
+                          store={"map_size": "64MiB"})
+        proxy = self.start_proxy(config=cfg, preexec_fn=small_file)
+        size = 3 << 20
+        first = self.post(proxy, "too-big", headers=[("X-Test-Fault", "huge"),
+                                                      ("X-Test-Size", str(size))])
+        # The client still gets the upstream's answer.
+        self.assertEqual(first.status, 201, first)
+        self.assertEqual(len(first.body), size)
+        self.assertTrue(harness.wait_for(lambda: any(
+            e.get("outcome") == "unstored" for e in proxy.access_log())),
+            "not logged unstored: %r" % proxy.access_log()[-3:])
+        for _ in range(3):
+            again = self.post(proxy, "too-big", headers=[("X-Test-Fault", "huge"),
+                                                          ("X-Test-Size", str(size))])
+            self.assertProblem(again, 409)
+            self.assertRetryAfter(again, minimum=60)
+        self.assertEqual(self.upstream.count("too-big"), 1,
+                         "the action of a key whose answer could not be stored ran again")
+        # Smaller answers still fit: the store is not jammed.
+        ok = self.post(proxy, "small", headers=[("X-Test-Fault", "huge"),
+                                                ("X-Test-Size", "8192")])
+        self.assertEqual(ok.status, 201, ok)
+        self.assertTrue(self.post(proxy, "small").replayed)
+
+
+if __name__ == "__main__":
+    unittest.main()
