@@ -205,11 +205,23 @@ static int run(const char *config_path, const char *listen, const char *upstream
             .sync = cfg->store.durability == CONFIG_DURABILITY_SYNC,
             .clock = NULL,
         };
+        struct store_stats stats = {0};
         if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
             fprintf(stderr, "idemproxy: store %s: %s\n", cfg->store.path, err);
             rc = 1;
             goto out;
         }
+        /* A map_size below what the store already holds (lowered at a
+         * restart) is raised by LMDB to the data's size: the map is full
+         * from the start, and every new key would get 503 with no word why. */
+        if (store_stats(st, &stats) == 0 && so.map_size_bytes > 0 &&
+            stats.map_size_bytes > so.map_size_bytes)
+            fprintf(stderr,
+                    "idemproxy: store: map_size (%llu bytes) is smaller than the store's data "
+                    "(%llu bytes): the map is full (MDB_MAP_FULL) and new keys get 503 until "
+                    "purging frees room; raise store.map_size\n",
+                    (unsigned long long)so.map_size_bytes,
+                    (unsigned long long)stats.map_size_bytes);
     }
     /* Signals are taken by sigwait() below, never by a worker. SIGHUP (a
      * closed terminal, or a supervisor's "reload", which idemproxy does not

@@ -39,8 +39,13 @@
 #define PURGE_FULL_ROUNDS 8
 #define READER_CHECK_EVERY_MS 10000
 /* A failing store is said on stderr at once, then at most this often while
- * it keeps failing the same way. */
+ * it keeps failing the same way. A store that flaps (fails, recovers, fails
+ * again: a full store whose purges free a little room at a time) says each
+ * condition, and its recovery, at most once per FLAP_LOG_EVERY_MS. A
+ * condition is a store error with its cause (store_last_cause()). */
 #define FAILURE_LOG_EVERY_MS 10000
+#define FLAP_LOG_EVERY_MS 1000
+#define LOG_CONDITIONS 4
 
 struct writer {
     struct writer_options opt;
@@ -58,9 +63,16 @@ struct writer {
     bool purge_due;             /* purge work is due: an interval tick, STORE_FULL or "more" */
     size_t batch_share;         /* purge budget per request batch, adapted to its time budget */
     size_t idle_chunk;          /* records per idle purge transaction, likewise */
-    int last_failure;           /* the store error last said on stderr */
-    int64_t last_failure_ms;    /* when */
-    uint64_t failures_unlogged; /* failed transactions since then, not said */
+    struct {
+        int rc;       /* store error */
+        int cause;    /* its LMDB or errno code */
+        int64_t said; /* when it was last said on stderr; 0: never */
+    } said[LOG_CONDITIONS];
+    bool failing;               /* the last write failed (said or not) */
+    int fail_rc;                /* how, while failing */
+    int fail_cause;
+    int64_t recovered_said;     /* when a recovery was last said; 0: never */
+    uint64_t failures_unlogged; /* failed writes since the last line, not said */
 
     pthread_mutex_t stats_lock;
     struct writer_stats stats;
@@ -102,39 +114,76 @@ static void adapt_chunk(size_t *chunk, int64_t took_us, int64_t budget_us)
         *chunk *= 2;
 }
 
-/* Says on stderr that a store write failed and why: the clients only see
- * 503 store-unavailable, the operator needs the reason. */
-static void log_failure(struct writer *w, const char *what, int rc)
+/* When the condition (rc, cause) was last said, in a slot of w->said (the
+ * oldest one is reused for a new condition). */
+static int64_t *said_slot(struct writer *w, int rc, int cause)
 {
-    int64_t now = mono_ms();
+    size_t oldest = 0;
+    for (size_t i = 0; i < LOG_CONDITIONS; i++) {
+        if (w->said[i].said != 0 && w->said[i].rc == rc && w->said[i].cause == cause)
+            return &w->said[i].said;
+        if (w->said[i].said < w->said[oldest].said)
+            oldest = i;
+    }
+    w->said[oldest].rc = rc;
+    w->said[oldest].cause = cause;
+    w->said[oldest].said = 0;
+    return &w->said[oldest].said;
+}
 
-    if (rc == w->last_failure && now - w->last_failure_ms < FAILURE_LOG_EVERY_MS) {
+/* Says on stderr that a store write failed, or that the store is full
+ * (full: ops were refused STORE_FULL), and why, naming the cause (the map or
+ * the file system, with its errno): the clients only see 503, the operator
+ * needs the reason. Throttled as said above FAILURE_LOG_EVERY_MS. */
+static void log_failure(struct writer *w, const char *what, int rc, bool full)
+{
+    char cause[192];
+    int code = store_last_cause(cause, sizeof(cause));
+    int64_t now = mono_ms();
+    int64_t *said = said_slot(w, rc, code);
+    bool same = w->failing && w->fail_rc == rc && w->fail_cause == code;
+    int64_t every = same ? FAILURE_LOG_EVERY_MS : FLAP_LOG_EVERY_MS;
+    char more[96] = "";
+
+    w->failing = true;
+    w->fail_rc = rc;
+    w->fail_cause = code;
+    if (*said != 0 && now - *said < every) {
         w->failures_unlogged++;
         return;
     }
+    if (code == 0)
+        snprintf(cause, sizeof(cause), "%s", store_strerror(rc));
     if (w->failures_unlogged > 0)
+        snprintf(more, sizeof(more), " (and %llu failed writes since the last such line)",
+                 (unsigned long long)w->failures_unlogged);
+    if (full)
         fprintf(stderr,
-                "idemproxy: store: %s failed: %s (and %llu failed transactions since the "
-                "last such line)\n",
-                what, store_strerror(rc), (unsigned long long)w->failures_unlogged);
+                "idemproxy: store: full, new keys get 503 until purging frees room: %s%s\n",
+                cause, more);
     else
-        fprintf(stderr, "idemproxy: store: %s failed: %s\n", what, store_strerror(rc));
-    w->last_failure = rc;
-    w->last_failure_ms = now;
+        fprintf(stderr, "idemproxy: store: %s failed: %s%s\n", what, cause, more);
+    *said = now;
     w->failures_unlogged = 0;
 }
 
-/* After a failure was said, the first request batch committed is said too
- * (a purge that found nothing commits nothing, so it proves nothing). */
+/* After a failure, the first request batch committed is said too (a purge
+ * that found nothing commits nothing, so it proves nothing), at most once
+ * per FLAP_LOG_EVERY_MS: a recovery not said yet is said by a later batch. */
 static void log_recovered(struct writer *w)
 {
-    if (w->last_failure == 0)
+    int64_t now = mono_ms();
+
+    if (!w->failing)
+        return;
+    if (w->recovered_said != 0 && now - w->recovered_said < FLAP_LOG_EVERY_MS)
         return;
     fprintf(stderr,
-            "idemproxy: store: writes succeed again (%llu failed transactions since the "
-            "last failure line)\n",
+            "idemproxy: store: writes succeed again (%llu failed writes since the last "
+            "failure line)\n",
             (unsigned long long)w->failures_unlogged);
-    w->last_failure = 0;
+    w->failing = false;
+    w->recovered_said = now;
     w->failures_unlogged = 0;
 }
 
@@ -155,7 +204,7 @@ static void purge_full(struct writer *w)
         size_t purged = 0;
         int rc = store_purge(w->opt.store, PURGE_FULL_BATCH, &purged, &more);
         if (rc != 0) {
-            log_failure(w, "purging a full store", rc);
+            log_failure(w, "purging a full store", rc, false);
             more = false;
             break;
         }
@@ -180,7 +229,7 @@ static void purge_idle(struct writer *w)
     int rc = store_purge(w->opt.store, w->idle_chunk, &purged, &more);
 
     if (rc != 0) {
-        log_failure(w, "purging", rc);
+        log_failure(w, "purging", rc, false);
         more = false;
     }
     took_us = mono_us() - start_us;
@@ -198,6 +247,7 @@ static void apply_batch(struct writer *w, struct writer_job *list)
     int64_t start_us;
     int rc;
     bool full = false;
+    bool room = false;
 
     for (struct writer_job *j = list; j != NULL && n < w->opt.max_batch; j = j->next)
         w->jobs[n++] = j;
@@ -209,9 +259,7 @@ static void apply_batch(struct writer *w, struct writer_job *list)
     rc = store_apply_purge(w->opt.store, w->ops, n, w->purge_due ? w->batch_share : 0, &purged,
                            &more);
     if (rc != 0)
-        log_failure(w, "a write transaction", rc);
-    else
-        log_recovered(w);
+        log_failure(w, "a write transaction", rc, false);
     if (w->purge_due) {
         w->purge_due = rc == 0 && more;
         if (w->purge_due)
@@ -224,7 +272,17 @@ static void apply_batch(struct writer *w, struct writer_job *list)
         w->jobs[i]->error = rc;
         if (rc == 0 && w->ops[i].outcome == STORE_FULL)
             full = true;
+        else if (rc == 0 && w->ops[i].outcome == STORE_ACQUIRED)
+            room = true;
     }
+    /* Said before the jobs go back (the store's cause is this thread's).
+     * Only a new key acquired shows that a full store takes new keys
+     * again; completes, releases and heartbeats fit in the room kept for
+     * them while it is full. */
+    if (full)
+        log_failure(w, "a write", STORE_EFULL, true);
+    else if (rc == 0 && (room || w->fail_rc != STORE_EFULL))
+        log_recovered(w);
     pthread_mutex_lock(&w->stats_lock);
     w->stats.batches++;
     w->stats.ops += n;
@@ -304,7 +362,7 @@ static void *writer_main(void *arg)
         if (next_sync != 0 && now >= next_sync) {
             int rc = store_sync(w->opt.store);
             if (rc != 0)
-                log_failure(w, "syncing the store to disk", rc);
+                log_failure(w, "syncing the store to disk", rc, false);
             next_sync = now + w->opt.sync_interval_ms;
         }
         if (now >= next_reader_check) {
@@ -318,7 +376,7 @@ static void *writer_main(void *arg)
     if (w->opt.sync_interval_ms > 0) {
         int rc = store_sync(w->opt.store);
         if (rc != 0)
-            log_failure(w, "syncing the store to disk", rc);
+            log_failure(w, "syncing the store to disk", rc, false);
     }
     return NULL;
 }

@@ -247,13 +247,11 @@ int store_last_cause(char *buf, size_t len)
     const char *name = NULL;
 
     switch (rc) {
-    case MDB_MAP_FULL:
+    case MDB_MAP_FULL: /* mdb_strerror() names these itself */
         what = "the map is full (raise store.map_size, or shorten TTLs)";
-        name = "MDB_MAP_FULL";
         break;
     case MDB_TXN_FULL:
         what = "a transaction was too large";
-        name = "MDB_TXN_FULL";
         break;
     case ENOSPC:
         what = "the file system is full";
@@ -280,6 +278,8 @@ int store_last_cause(char *buf, size_t len)
         buf[0] = '\0';
     } else if (name != NULL) {
         snprintf(buf, len, "%s (%s: %s)", what, name, mdb_strerror(rc));
+    } else if (rc == MDB_MAP_FULL || rc == MDB_TXN_FULL) {
+        snprintf(buf, len, "%s (%s)", what, mdb_strerror(rc));
     } else {
         snprintf(buf, len, "%s (%d: %s)", what, rc, mdb_strerror(rc));
     }
@@ -1167,6 +1167,7 @@ static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t m
     size_t *order = NULL;
     int rc = STORE_OK;
 
+    last_cause = 0; /* store_last_cause() speaks of this call only */
     memset(&one, 0, sizeof(one));
     memset(&ps, 0, sizeof(ps));
     ps.max_records = max_purge;
@@ -1581,6 +1582,7 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
     bool settled = false;
     int rc = STORE_OK;
 
+    last_cause = 0; /* as in lmdb_apply_purge() */
     while (total < max_records && m) {
         size_t want = batch < max_records - total ? batch : max_records - total;
         size_t got = 0;

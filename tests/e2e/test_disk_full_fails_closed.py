@@ -114,6 +114,31 @@ class DiskFull(harness.ProxyTestCase):
         self.assertEqual(ok.status, 201, ok)
         self.assertTrue(self.post(proxy, "small").replayed)
 
+    def test_full_file_system_is_said_once_on_stderr(self):
+        """Operators see why new keys get 503: one line naming the file
+        system (EFBIG here, ENOSPC on a full disk), not a line per batch,
+        and not "I/O error"."""
+        cfg = self.config(routes=[self.route(ttl="1h", wait="0s")],
+                          store={"map_size": "64MiB"})
+        proxy = self.start_proxy(config=cfg, preexec_fn=limit_file_size)
+        started = time.monotonic()
+        statuses = set()
+        for i in range(500):
+            statuses.add(self.big(proxy, "said-%d" % i).status)
+        elapsed = time.monotonic() - started
+        self.assertIn(503, statuses, "the 4 MiB file never filled up")
+        store_lines = [l for l in proxy.stderr().splitlines() if "idemproxy: store:" in l]
+        full = [l for l in store_lines if "EFBIG" in l and "file size limit" in l]
+        self.assertTrue(full, "no stderr line names the full file system (EFBIG): %r" %
+                        store_lines[:6])
+        self.assertFalse([l for l in store_lines if "I/O error" in l],
+                         "a full file system said as an I/O error: %r" % store_lines[:6])
+        # At most about one line per second per condition (full, recovered),
+        # with slack for a slow machine.
+        self.assertLessEqual(len(store_lines), 2 * int(elapsed + 1) + 4,
+                             "%d store lines in %.1fs: %r" % (len(store_lines), elapsed,
+                                                             store_lines[:8]))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -59,12 +59,38 @@ class StoreFull(harness.ProxyTestCase):
         self.assertTrue(harness.wait_for(logged), "no 503 'unavailable' line in the access "
                         "log: %r" % proxy.access_log()[-3:])
 
+        # The operator is told why, naming the map (not a line per batch).
+        def said():
+            return [l for l in proxy.stderr().splitlines()
+                    if "idemproxy: store: full" in l and "MDB_MAP_FULL" in l]
+        self.assertTrue(harness.wait_for(lambda: said()), "no stderr line says the map is "
+                        "full: %r" % proxy.stderr()[-1500:])
+
         # Replays of stored keys keep working, byte for byte.
         for key, first in (stored[0], stored[-1]):
             before = self.upstream.total()
             again = self.post(proxy, key)
             self.assertReplayOf(again, first)
             self.assertEqual(self.upstream.total(), before, "a replay called the upstream")
+
+    def test_map_size_below_the_data_is_said_at_start(self):
+        cfg = self.config(store={"map_size": "64MiB"})
+        proxy = self.start_proxy(config=cfg)
+        for i in range(4):
+            r = self.post(proxy, "big-%d" % i, headers=[("X-Test-Fault", "huge"),
+                                                        ("X-Test-Size", str(512 * 1024))])
+            self.assertEqual(r.status, 201, r)
+        self.assertEqual(proxy.stop(), 0)
+        # Restarted with a map smaller than the data already stored.
+        smaller = self.start_proxy(config=self.config(store={"map_size": "1MiB"}))
+        lines = [l for l in smaller.stderr().splitlines() if "idemproxy: store: map_size" in l]
+        self.assertTrue(lines, "nothing on stderr says map_size is below the store's data: %r"
+                        % smaller.stderr())
+        self.assertIn("MDB_MAP_FULL", lines[0])
+        r = self.post(smaller, "new-key")
+        self.assertProblem(r, 503)
+        self.assertEqual(self.upstream.count("new-key"), 0)
+        self.assertTrue(self.post(smaller, "big-0").replayed)
 
     def test_store_path_that_cannot_be_created_fails_at_start(self):
         blocker = os.path.join(self.workdir, "a-regular-file")
