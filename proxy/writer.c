@@ -60,16 +60,16 @@ struct writer {
     /* writer-thread only */
     struct writer_job **jobs;
     struct store_op *ops;
-    bool purge_due;             /* purge work is due: an interval tick, STORE_FULL or "more" */
-    size_t batch_share;         /* purge budget per request batch, adapted to its time budget */
-    size_t idle_chunk;          /* records per idle purge transaction, likewise */
+    bool purge_due;     /* purge work is due: an interval tick, STORE_FULL or "more" */
+    size_t batch_share; /* purge budget per request batch, adapted to its time budget */
+    size_t idle_chunk;  /* records per idle purge transaction, likewise */
     struct {
         int rc;       /* store error */
         int cause;    /* its LMDB or errno code */
         int64_t said; /* when it was last said on stderr; 0: never */
     } said[LOG_CONDITIONS];
-    bool failing;               /* the last write failed (said or not) */
-    int fail_rc;                /* how, while failing */
+    bool failing; /* the last write failed (said or not) */
+    int fail_rc;  /* how, while failing */
     int fail_cause;
     int64_t recovered_said;     /* when a recovery was last said; 0: never */
     uint64_t failures_unlogged; /* failed writes since the last line, not said */
@@ -155,11 +155,10 @@ static void log_failure(struct writer *w, const char *what, int rc, bool full)
     if (code == 0)
         snprintf(cause, sizeof(cause), "%s", store_strerror(rc));
     if (w->failures_unlogged > 0)
-        snprintf(more, sizeof(more), " (and %llu failed writes since the last such line)",
+        snprintf(more, sizeof(more), " (and %llu failed transactions since the last such line)",
                  (unsigned long long)w->failures_unlogged);
     if (full)
-        fprintf(stderr,
-                "idemproxy: store: full, new keys get 503 until purging frees room: %s%s\n",
+        fprintf(stderr, "idemproxy: store: full, new keys get 503 until purging frees room: %s%s\n",
                 cause, more);
     else
         fprintf(stderr, "idemproxy: store: %s failed: %s%s\n", what, cause, more);
@@ -179,7 +178,7 @@ static void log_recovered(struct writer *w)
     if (w->recovered_said != 0 && now - w->recovered_said < FLAP_LOG_EVERY_MS)
         return;
     fprintf(stderr,
-            "idemproxy: store: writes succeed again (%llu failed writes since the last "
+            "idemproxy: store: writes succeed again (%llu failed transactions since the last "
             "failure line)\n",
             (unsigned long long)w->failures_unlogged);
     w->failing = false;
