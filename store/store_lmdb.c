@@ -634,11 +634,13 @@ out:
  * The map is not the only limit: LMDB grows the data file as it writes past
  * its end, and on a full file system that write fails at commit, after an
  * acquire let the action run. So the same claim also holds for the file:
- * free pages are the freelist's and those between the last used page and
- * the file's end, and when those do not cover it, the file is grown first
- * (posix_fallocate, at least FILE_GROW_MIN_BYTES at a time, never past the
- * map). A file system that cannot give that room (ENOSPC, EDQUOT, EFBIG)
- * fails the claim like MDB_MAP_FULL, before anything ran: the room for an
+ * when the pages between the last used page and the file's end do not
+ * cover it, the file is grown first (posix_fallocate, at least
+ * FILE_GROW_MIN_BYTES at a time, never past the map), so it runs up to
+ * about reserve + headroom + 1 MiB ahead of its used pages. Where it
+ * cannot grow, the freelist (inside the file) must cover the rest. A file
+ * system that cannot give the room (ENOSPC, EDQUOT, EFBIG) fails the
+ * claim like MDB_MAP_FULL, before anything ran: the room for an
  * acquire's answer, and the reserve purge needs, are on disk, not just in
  * the map. A file system without fallocate (EOPNOTSUPP) is trusted, as
  * before: LMDB's own write then says whether it fits (map_err()).
@@ -717,7 +719,7 @@ static int space_claim(struct lmdb_store *s, struct space *sp, uint64_t need, ui
         sp->claimed = TXN_PATH_PAGES;
     }
     want = sp->claimed + need + keep;
-    if (sp->file_tail + sp->listed < want && !sp->list_known) {
+    if (sp->map_tail < want && !sp->list_known) {
         rc = freelist_pages(s, &sp->listed);
         if (rc != STORE_OK) {
             goto out;
@@ -729,11 +731,27 @@ static int space_claim(struct lmdb_store *s, struct space *sp, uint64_t need, ui
         rc = STORE_EFULL;
         goto out;
     }
-    if (sp->file_tail + sp->listed < want) {
-        rc = file_grow(s, sp, want - sp->file_tail - sp->listed);
+    /* The file is grown while the map allows, even where the freelist
+     * would do: then the usual batch finds the file's own slack enough
+     * and reads neither the freelist nor calls fallocate. */
+    if (sp->file_tail < want && sp->file_tail < sp->map_tail) {
+        rc = file_grow(s, sp, want - sp->file_tail);
+        if (rc == STORE_EFULL) {
+            rc = STORE_OK; /* the freelist may still cover it, below */
+        } else if (rc != STORE_OK) {
+            goto out;
+        }
+    }
+    if (sp->file_tail < want && !sp->list_known) {
+        rc = freelist_pages(s, &sp->listed);
         if (rc != STORE_OK) {
             goto out;
         }
+        sp->list_known = true;
+    }
+    if (sp->file_tail + sp->listed < want) {
+        rc = STORE_EFULL; /* file_grow() said why */
+        goto out;
     }
     sp->claimed += need;
 out:
