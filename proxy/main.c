@@ -76,6 +76,16 @@ out:
     return rc;
 }
 
+/* A store that would not open: the message names the store when it says
+ * it is damaged ("store DIR is damaged: ..."); others get its path. */
+static void print_store_error(const char *path, const char *err)
+{
+    if (strncmp(err, "store ", 6) == 0)
+        fprintf(stderr, "idemproxy: %s\n", err);
+    else
+        fprintf(stderr, "idemproxy: store %s: %s\n", path, err);
+}
+
 struct check_ctx {
     bool print_records;
     int64_t now_ms;
@@ -137,12 +147,15 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
  * agreement: every record decodes, is IN_PROGRESS or COMPLETE, only a
  * COMPLETE one carries a payload, and no key is stored twice. Prints a JSON summary (and with
  * --records one line per record, keys as their 32-byte hashes); exit 0 when they hold.
+ * The store is opened read-only: nothing is created or written, and a path
+ * that holds no store, or a damaged one, fails the check.
  */
 static int check_store(const char *path, bool print_records)
 {
     char err[512];
     struct store *st = NULL;
-    struct store_options so = {.path = path, .map_size_bytes = 0, .sync = true, .clock = NULL};
+    struct store_options so = {
+        .path = path, .map_size_bytes = 0, .sync = true, .clock = NULL, .read_only = true};
     struct check_ctx c = {.print_records = print_records};
     struct store_stats stats = {0};
     int cleared = 0;
@@ -150,7 +163,15 @@ static int check_store(const char *path, bool print_records)
     int src;
 
     if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
-        fprintf(stderr, "idemproxy: store %s: %s\n", path, err);
+        print_store_error(path, err);
+        printf("{\"ok\":false,\"scan\":\"not opened\",\"error\":\"");
+        for (const char *p = err; *p != '\0'; p++) {
+            if (*p == '"' || *p == '\\')
+                putchar('\\');
+            if ((unsigned char)*p >= 0x20)
+                putchar(*p);
+        }
+        printf("\"}\n");
         goto out;
     }
     store_reader_check(st, &cleared);
@@ -160,12 +181,14 @@ static int check_store(const char *path, bool print_records)
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"
            "\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,"
            "\"duplicate_keys\":%llu,\"bad\":%llu,"
-           "\"stale_readers_cleared\":%d,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
+           "\"stale_readers_cleared\":%llu,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
            src == 0 && c.bad == 0 ? "true" : "false", src == 0 ? "ok" : store_strerror(src),
            (unsigned long long)(c.in_progress + c.complete + c.absent),
            (unsigned long long)c.in_progress, (unsigned long long)c.stealable,
            (unsigned long long)c.complete, (unsigned long long)c.expired_complete,
-           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad, cleared,
+           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad,
+           (unsigned long long)stats.stale_readers_cleared_at_open +
+               (unsigned long long)(cleared > 0 ? cleared : 0),
            (unsigned long long)stats.map_used_bytes, (unsigned long long)stats.map_size_bytes);
     rc = src == 0 && c.bad == 0 ? 0 : 1;
 out:
@@ -207,7 +230,7 @@ static int run(const char *config_path, const char *listen, const char *upstream
         };
         struct store_stats stats = {0};
         if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
-            fprintf(stderr, "idemproxy: store %s: %s\n", cfg->store.path, err);
+            print_store_error(cfg->store.path, err);
             rc = 1;
             goto out;
         }

@@ -171,8 +171,12 @@ struct store_clock {
 extern const struct store_clock store_clock_realtime;
 
 struct store_options {
-    const char *path;        /* directory; created if missing */
-    uint64_t map_size_bytes; /* the store's size cap; 0 means 1 GiB */
+    const char *path;        /* directory; created if missing (unless read_only) */
+    uint64_t map_size_bytes; /* the store's size cap; 0 means 1 GiB (read_only: the store's) */
+    /* Opens an existing store for reading only (tools: check-store): creates
+     * no directory or file, writes nothing, and fails when path holds no
+     * store. Only the read calls (get, stats, scan, reader_check) work. */
+    bool read_only;
     bool sync;               /* true: every commit is on disk when store_apply returns */
     const struct store_clock *clock; /* NULL: store_clock_realtime */
 };
@@ -184,6 +188,9 @@ struct store_stats {
     uint64_t map_size_bytes;
     uint64_t map_used_bytes; /* high-water mark of pages in use */
     uint64_t purge_sweeps;   /* key-order purge passes this handle started */
+    /* Reader slots of dead processes cleared when this handle opened the
+     * store (store_reader_check() reports later ones). */
+    uint64_t stale_readers_cleared_at_open;
 };
 
 /* Called by store_scan() for every record; return non-zero to stop. */

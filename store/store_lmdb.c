@@ -145,6 +145,9 @@ struct lmdb_store {
     MDB_txn *pool[LMDB_READ_POOL]; /* reset read transactions */
     size_t pool_len;
 
+    bool read_only;           /* opened with store_options.read_only */
+    uint64_t readers_cleared; /* dead readers' slots cleared at open */
+
     /* Random bytes for lease ids (new_lease_id). Only touched inside a
      * write transaction, and LMDB admits one at a time per environment,
      * across threads too, so LMDB's writer lock is what guards them. The
@@ -1674,6 +1677,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->purge_sweeps = atomic_load(&s->sweeps);
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    out->stale_readers_cleared_at_open = s->readers_cleared;
 out:
     return rc;
 }
@@ -1847,7 +1851,13 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
     uint32_t layout = 0;
     int lrc = open_dbs_in(s, MDB_RDONLY, 0, &layout);
 
-    if (lrc == MDB_NOTFOUND || (lrc == 0 && layout < STORE_LAYOUT)) {
+    if (s->read_only && lrc == MDB_NOTFOUND) {
+        snprintf(err, errlen,
+                 "no store here: its tables are missing (not an idemproxy store, or one of an "
+                 "older layout, which a proxy of this version upgrades when it opens it)");
+        return STORE_EINVAL;
+    }
+    if (!s->read_only && (lrc == MDB_NOTFOUND || (lrc == 0 && layout < STORE_LAYOUT))) {
         lrc = open_dbs_in(s, 0, MDB_CREATE, &layout);
     }
     if (lrc == MDB_CORRUPTED) {
@@ -1875,6 +1885,101 @@ static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)
 
 static void lmdb_close(void *impl);
 
+/* Before mdb_env_open: is there a store at path, and is its data file not
+ * emptied? LMDB takes a missing or empty data.mdb for a new environment and
+ * initialises it, so an emptied one would silently become an empty store
+ * (every key would run again). A new store is made only where data.mdb does
+ * not exist. An empty one is taken as being created only while its creator
+ * holds LMDB's exclusive lock (byte 0 of lock.mdb, held from before data.mdb
+ * is created until its meta pages are written); then mdb_env_open waits for
+ * it. *exists tells whether data.mdb exists, *has_lock whether lock.mdb
+ * does. */
+static int probe_data_file(const char *path, bool read_only, bool *exists, bool *has_lock,
+                           char *err, size_t errlen)
+{
+    char data[4096], lock[4096];
+    struct stat sb;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    int fd;
+
+    *exists = false;
+    *has_lock = false;
+    if (snprintf(data, sizeof(data), "%s/data.mdb", path) >= (int)sizeof(data) ||
+        snprintf(lock, sizeof(lock), "%s/lock.mdb", path) >= (int)sizeof(lock)) {
+        snprintf(err, errlen, "store: path too long");
+        return STORE_EINVAL;
+    }
+    *has_lock = stat(lock, &sb) == 0;
+    if (stat(data, &sb) != 0) {
+        if (errno == ENOENT && !read_only) {
+            return STORE_OK; /* a new store */
+        }
+        snprintf(err, errlen, "no store here: %s/data.mdb: %s", path, strerror(errno));
+        return errno == ENOENT ? STORE_EINVAL : STORE_EIO;
+    }
+    *exists = true;
+    if (sb.st_size != 0) {
+        return STORE_OK;
+    }
+    fd = open(lock, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type == F_WRLCK) {
+        close(fd);
+        return STORE_OK; /* being created: mdb_env_open waits for its lock */
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    /* Its creator may have finished between the two looks. */
+    if (stat(data, &sb) == 0 && sb.st_size != 0) {
+        return STORE_OK;
+    }
+    snprintf(err, errlen,
+             "store %s is damaged: data.mdb is 0 bytes, LMDB needs at least its 2 meta pages; "
+             "restore it from a backup (a new store is created only where data.mdb does not "
+             "exist)",
+             path);
+    return STORE_ECORRUPT;
+}
+
+/* After mdb_env_open, before any page beyond the meta pages is touched: a
+ * data file shorter than the last page in use (LMDB maps the file and would
+ * take SIGBUS reading past its end) is refused. The meta is read first, so a
+ * commit by another process in between only makes the file longer (LMDB
+ * writes the pages before the meta that points at them). */
+static int check_data_file(struct lmdb_store *s, const char *path, char *err, size_t errlen)
+{
+    MDB_envinfo info;
+    MDB_stat est;
+    struct stat sb;
+    uint64_t need;
+    int fd = -1;
+    int lrc = mdb_env_info(s->env, &info);
+
+    if (lrc == 0) {
+        lrc = mdb_env_stat(s->env, &est);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_get_fd(s->env, &fd);
+    }
+    if (lrc != 0) {
+        snprintf(err, errlen, "store: cannot stat the environment: %s", mdb_strerror(lrc));
+        return map_err(lrc);
+    }
+    if (fstat(fd, &sb) != 0) {
+        snprintf(err, errlen, "store: cannot stat %s/data.mdb: %s", path, strerror(errno));
+        return STORE_EIO;
+    }
+    need = ((uint64_t)info.me_last_pgno + 1) * est.ms_psize;
+    if ((uint64_t)sb.st_size < need) {
+        snprintf(err, errlen,
+                 "store %s is damaged: data.mdb is %lld bytes, LMDB needs %llu; restore it from "
+                 "a backup",
+                 path, (long long)sb.st_size, (unsigned long long)need);
+        return STORE_ECORRUPT;
+    }
+    return STORE_OK;
+}
+
 static int lmdb_open(const struct store_options *opt, void **impl, char *err, size_t errlen)
 {
     struct lmdb_store *s = NULL;
@@ -1882,6 +1987,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     unsigned int flags = MDB_NOTLS;
     struct stat sb;
     MDB_stat est;
+    bool data_exists = false, has_lock = false;
     int dead = 0;
     int lrc;
     int rc = STORE_ENOMEM;
@@ -1908,13 +2014,23 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         goto out;
     }
 
-    rc = make_dirs(opt->path, err, errlen);
-    if (rc != STORE_OK) {
-        goto out;
+    s->read_only = opt->read_only;
+    if (!s->read_only) {
+        rc = make_dirs(opt->path, err, errlen);
+        if (rc != STORE_OK) {
+            goto out;
+        }
     }
     rc = STORE_EIO;
     if (stat(opt->path, &sb) != 0) {
-        snprintf(err, errlen, "store: %s: %s", opt->path, strerror(errno));
+        rc = errno == ENOENT ? STORE_EINVAL : STORE_EIO;
+        snprintf(err, errlen, "%s%s: %s",
+                 errno == ENOENT ? "no store here: " : "store: ", opt->path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        rc = STORE_EINVAL;
+        snprintf(err, errlen, "store: %s is not a directory", opt->path);
         goto out;
     }
     s->dev = sb.st_dev;
@@ -1926,9 +2042,14 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         snprintf(err, errlen, "store: %s is already open in this process", opt->path);
         goto out;
     }
+    rc = probe_data_file(opt->path, s->read_only, &data_exists, &has_lock, err, errlen);
+    if (rc != STORE_OK) {
+        goto out;
+    }
     lrc = mdb_env_create(&s->env);
     if (lrc == 0) {
-        lrc = mdb_env_set_mapsize(s->env, (size_t)map_bytes);
+        /* Read-only: 0 is the map size the store's meta records. */
+        lrc = mdb_env_set_mapsize(s->env, s->read_only ? 0 : (size_t)map_bytes);
     }
     if (lrc == 0) {
         lrc = mdb_env_set_maxdbs(s->env, LMDB_MAX_DBS);
@@ -1949,10 +2070,28 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (!opt->sync) {
         flags |= MDB_NOSYNC;
     }
+    /* Read-only creates nothing: without a lock.mdb (which every process
+     * that opens the store creates) no process has it open, and LMDB would
+     * create one, so it goes without. */
+    if (s->read_only) {
+        flags |= MDB_RDONLY | (has_lock ? 0 : MDB_NOLOCK);
+    }
     lrc = mdb_env_open(s->env, opt->path, flags, 0600);
+    if (lrc == MDB_INVALID && data_exists) {
+        rc = STORE_ECORRUPT;
+        snprintf(err, errlen,
+                 "store %s is damaged: data.mdb is too short or not an LMDB file (%s); restore "
+                 "it from a backup",
+                 opt->path, mdb_strerror(lrc));
+        goto out;
+    }
     if (lrc != 0) {
         rc = map_err(lrc);
         snprintf(err, errlen, "store: cannot open %s: %s", opt->path, mdb_strerror(lrc));
+        goto out;
+    }
+    rc = check_data_file(s, opt->path, err, errlen);
+    if (rc != STORE_OK) {
         goto out;
     }
     /* A process that died inside a read transaction leaves its reader slot
@@ -1963,6 +2102,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         snprintf(err, errlen, "store: reader check failed: %s", mdb_strerror(lrc));
         goto out;
     }
+    s->readers_cleared = dead > 0 ? (uint64_t)dead : 0;
     rc = open_dbs(s, err, errlen);
     if (rc != STORE_OK) {
         goto out;
@@ -1974,6 +2114,16 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         goto out;
     }
     s->page_bytes = est.ms_psize;
+    if (s->read_only) {
+        MDB_envinfo info;
+        lrc = mdb_env_info(s->env, &info);
+        if (lrc != 0) {
+            rc = map_err(lrc);
+            snprintf(err, errlen, "store: cannot stat the environment: %s", mdb_strerror(lrc));
+            goto out;
+        }
+        map_bytes = info.me_mapsize;
+    }
     s->reserve_pages =
         clamp_u64(map_bytes / s->page_bytes / 256, RESERVE_MIN_PAGES, RESERVE_MAX_PAGES);
     s->headroom_pages =
