@@ -76,6 +76,9 @@ out:
     return rc;
 }
 
+/* How many corrupt entries check-store names (it counts them all). */
+#define CHECK_CORRUPT_SHOWN 5
+
 /* A store that would not open: the message names the store when it says
  * it is damaged ("store DIR is damaged: ..."); others get its path. */
 static void print_store_error(const char *path, const char *err)
@@ -92,6 +95,8 @@ struct check_ctx {
     uint64_t absent, in_progress, complete, stealable, expired_complete, duplicate_keys, bad;
     uint64_t seen;
     uint8_t prev_key[STORE_KEY_BYTES];
+    uint64_t corrupt; /* entries that are not records (check_corrupt) */
+    char corrupt_first[CHECK_CORRUPT_SHOWN][256];
 };
 
 static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
@@ -141,6 +146,28 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
     return 0;
 }
 
+/* A stored entry that is not a record: counted, and the first few named as
+ * JSON objects (key in hex, at most 32 bytes of it, table, value size,
+ * what is wrong). */
+static void check_corrupt(const uint8_t *key, size_t key_len, const char *table, size_t value_len,
+                          const char *detail, void *arg)
+{
+    struct check_ctx *c = arg;
+    char hex[2 * STORE_KEY_BYTES + 1] = "";
+    size_t shown = key_len < STORE_KEY_BYTES ? key_len : STORE_KEY_BYTES;
+
+    if (c->corrupt < CHECK_CORRUPT_SHOWN) {
+        for (size_t i = 0; i < shown; i++)
+            snprintf(hex + 2 * i, 3, "%02x", key[i]);
+        snprintf(c->corrupt_first[c->corrupt], sizeof(c->corrupt_first[0]),
+                 "{\"key\":\"%s\",\"key_bytes\":%zu,\"table\":\"%s\",\"value_bytes\":%zu,"
+                 "\"detail\":\"%s\"}",
+                 hex, key_len, table, value_len, detail);
+    }
+    c->corrupt++;
+    c->bad++;
+}
+
 /*
  * check-store PATH [--records]: opens a store (beside running proxies, if
  * any), decodes every record and checks the invariants that need no clock
@@ -148,7 +175,8 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
  * COMPLETE one carries a payload, and no key is stored twice. Prints a JSON summary (and with
  * --records one line per record, keys as their 32-byte hashes); exit 0 when they hold.
  * The store is opened read-only: nothing is created or written, and a path
- * that holds no store, or a damaged one, fails the check.
+ * that holds no store, or a damaged one, fails the check. Records that do not
+ * decode are all counted ("corrupt"), the first few named ("corrupt_first").
  */
 static int check_store(const char *path, bool print_records)
 {
@@ -176,17 +204,24 @@ static int check_store(const char *path, bool print_records)
     }
     store_reader_check(st, &cleared);
     c.now_ms = store_clock_realtime.now_ms(store_clock_realtime.ctx);
-    src = store_scan(st, check_record, &c);
+    src = store_scan_all(st, check_record, check_corrupt, &c);
     store_stats(st, &stats);
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"
            "\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,"
-           "\"duplicate_keys\":%llu,\"bad\":%llu,"
-           "\"stale_readers_cleared\":%llu,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
-           src == 0 && c.bad == 0 ? "true" : "false", src == 0 ? "ok" : store_strerror(src),
-           (unsigned long long)(c.in_progress + c.complete + c.absent),
+           "\"duplicate_keys\":%llu,\"corrupt\":%llu,\"corrupt_first\":[",
+           src == 0 && c.bad == 0 ? "true" : "false",
+           src != 0         ? store_strerror(src)
+           : c.corrupt != 0 ? store_strerror(STORE_ECORRUPT)
+                            : "ok",
+           (unsigned long long)(c.in_progress + c.complete + c.absent + c.corrupt),
            (unsigned long long)c.in_progress, (unsigned long long)c.stealable,
            (unsigned long long)c.complete, (unsigned long long)c.expired_complete,
-           (unsigned long long)c.duplicate_keys, (unsigned long long)c.bad,
+           (unsigned long long)c.duplicate_keys, (unsigned long long)c.corrupt);
+    for (uint64_t i = 0; i < c.corrupt && i < CHECK_CORRUPT_SHOWN; i++)
+        printf("%s%s", i > 0 ? "," : "", c.corrupt_first[i]);
+    printf("],\"bad\":%llu,"
+           "\"stale_readers_cleared\":%llu,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
+           (unsigned long long)c.bad,
            (unsigned long long)stats.stale_readers_cleared_at_open +
                (unsigned long long)(cleared > 0 ? cleared : 0),
            (unsigned long long)stats.map_used_bytes, (unsigned long long)stats.map_size_bytes);

@@ -276,7 +276,16 @@ int store_scan(struct store *st, store_scan_fn fn, void *ctx)
 {
     int rc = STORE_EINVAL;
     if (st != NULL && fn != NULL) {
-        rc = st->ops->scan(st->impl, fn, ctx);
+        rc = st->ops->scan(st->impl, fn, NULL, ctx);
+    }
+    return rc;
+}
+
+int store_scan_all(struct store *st, store_scan_fn fn, store_scan_bad_fn bad, void *ctx)
+{
+    int rc = STORE_EINVAL;
+    if (st != NULL && fn != NULL && bad != NULL) {
+        rc = st->ops->scan(st->impl, fn, bad, ctx);
     }
     return rc;
 }

@@ -196,6 +196,11 @@ struct store_stats {
 /* Called by store_scan() for every record; return non-zero to stop. */
 typedef int (*store_scan_fn)(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
                              void *ctx);
+/* Called by store_scan_all() for every stored entry that is not a record:
+ * its key as stored (key_len bytes, normally STORE_KEY_BYTES), the table
+ * ("records" or "inflight"), the stored value's length and what is wrong. */
+typedef void (*store_scan_bad_fn)(const uint8_t *key, size_t key_len, const char *table,
+                                  size_t value_len, const char *detail, void *ctx);
 
 /*
  * A backend: the shape of Redis's connection types. Every function follows
@@ -213,7 +218,8 @@ struct store_ops {
     int (*purge)(void *impl, size_t max_records, size_t *purged, bool *more);
     int (*reader_check)(void *impl, int *cleared);
     int (*stats)(void *impl, struct store_stats *out);
-    int (*scan)(void *impl, store_scan_fn fn, void *ctx);
+    /* bad NULL: stop at the first entry that does not decode (STORE_ECORRUPT). */
+    int (*scan)(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *ctx);
     int (*sync)(void *impl);
 };
 
@@ -273,6 +279,10 @@ int store_stats(struct store *st, struct store_stats *out);
 /* Visits every record in key order (for invariant checks and tools); a key
  * stored twice, which the store never writes, is visited twice in a row. */
 int store_scan(struct store *st, store_scan_fn fn, void *ctx);
+/* store_scan() that goes on past entries that do not decode: each is passed
+ * to bad (and not to fn), and the scan returns 0 when it got to the end (or
+ * fn stopped it). For check tools, which must count every damaged record. */
+int store_scan_all(struct store *st, store_scan_fn fn, store_scan_bad_fn bad, void *ctx);
 /* Flushes to disk (for durability "interval"). */
 int store_sync(struct store *st);
 

@@ -1687,6 +1687,7 @@ struct scan_cursor {
     MDB_cursor *cur;
     MDB_val kv;
     MDB_val dv;
+    const char *table;
     bool done;
 };
 
@@ -1701,17 +1702,19 @@ static int scan_step(struct scan_cursor *c, MDB_cursor_op op)
     if (got != 0) {
         return map_err(got);
     }
-    return c->kv.mv_size == STORE_KEY_BYTES ? STORE_OK : STORE_ECORRUPT;
+    return STORE_OK;
 }
 
 /* Every record of both tables in key order: the two are merged, so a key
  * present in both (which the store never writes) is visited twice in a row,
- * and the caller can tell. */
-static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
+ * and the caller can tell. An entry that is not a record (a key of the wrong
+ * size, a value that does not decode) ends the scan with STORE_ECORRUPT, or,
+ * with bad, is passed to it and skipped. */
+static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *ctx)
 {
     struct lmdb_store *s = impl;
     MDB_txn *txn = NULL;
-    struct scan_cursor t[2] = {{0}, {0}};
+    struct scan_cursor t[2] = {{.table = "records"}, {.table = "inflight"}};
     int rc = read_begin(s, &txn);
 
     if (rc != STORE_OK) {
@@ -1725,11 +1728,28 @@ static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
         rc = scan_step(&t[i], MDB_FIRST);
     }
     while (rc == STORE_OK && !(t[0].done && t[1].done)) {
-        struct scan_cursor *c = &t[0];
+        struct scan_cursor *c = NULL;
         struct store_record rec;
         uint8_t key[STORE_KEY_BYTES];
         bool stop;
 
+        /* A key of the wrong size cannot be merged by key: it goes first. */
+        for (size_t i = 0; i < 2 && c == NULL; i++) {
+            if (!t[i].done && t[i].kv.mv_size != STORE_KEY_BYTES) {
+                c = &t[i];
+            }
+        }
+        if (c != NULL) {
+            if (bad == NULL) {
+                rc = STORE_ECORRUPT;
+                break;
+            }
+            bad(c->kv.mv_data, c->kv.mv_size, c->table, c->dv.mv_size,
+                "the key is not a 32-byte record key", ctx);
+            rc = scan_step(c, MDB_NEXT);
+            continue;
+        }
+        c = &t[0];
         if (t[0].done ||
             (!t[1].done && memcmp(t[1].kv.mv_data, t[0].kv.mv_data, STORE_KEY_BYTES) < 0)) {
             c = &t[1];
@@ -1737,7 +1757,12 @@ static int lmdb_scan(void *impl, store_scan_fn fn, void *ctx)
         memcpy(key, c->kv.mv_data, STORE_KEY_BYTES);
         rc = store_record_decode(c->dv.mv_data, c->dv.mv_size, &rec);
         if (rc != STORE_OK) {
-            break;
+            if (bad == NULL || rc != STORE_ECORRUPT) {
+                break;
+            }
+            bad(key, STORE_KEY_BYTES, c->table, c->dv.mv_size, "the value does not decode", ctx);
+            rc = scan_step(c, MDB_NEXT);
+            continue;
         }
         stop = fn(key, &rec, ctx) != 0;
         store_record_clear(&rec);

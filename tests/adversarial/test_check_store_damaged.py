@@ -9,6 +9,8 @@ SIGTERM, and then damaged from outside:
     was SIGBUS) or cut to 0 bytes (LMDB would take it for a new store and
     silently start an empty one) fails the check with exit 1, a JSON summary
     that says the store is damaged, and the file left as it was;
+  - every corrupt record is counted, not just the first, and the first few
+    are named by key;
   - stale_readers_cleared counts the reader slots of dead processes that the
     check cleared, and map_size_bytes is the store's own map size.
 """
@@ -160,6 +162,42 @@ class CheckStoreDamaged(adv.AdversarialCase):
         doc = self.assertFailedCheck(rc, out, err)
         self.assertIn("is damaged: data.mdb is 0 bytes", doc.get("error", ""), doc)
         self.assertEqual(os.path.getsize(path), 0, "check-store initialised an emptied store")
+
+    # 3. Every corrupt record is counted.
+
+    def test_every_corrupt_record_is_counted(self):
+        self.written_store(n=8)
+        rc, _, records = adv.check_store(self.store_path, records=True)
+        self.assertEqual(rc, 0)
+        keys = sorted(r["key"] for r in records)
+        self.assertEqual(len(keys), 8)
+        spoiled = [keys[1], keys[4], keys[6]]  # not the first one only
+        for k in spoiled:
+            mdb_put_text(self.store_path, "records", bytes.fromhex(k), b"\x01\x07junk")
+        rc, doc, _ = adv.check_store(self.store_path)
+        self.assertEqual(rc, 1, doc)
+        self.assertIs(doc["ok"], False, doc)
+        # The scan goes on past the first corrupt record: all 8 are seen.
+        self.assertEqual((doc.get("records"), doc.get("complete"), doc.get("corrupt")),
+                         (8, 5, 3), doc)
+        self.assertEqual(sorted(c["key"] for c in doc["corrupt_first"]), sorted(spoiled), doc)
+        for c in doc["corrupt_first"]:
+            self.assertEqual((c["table"], c["value_bytes"]), ("records", 6), c)
+
+    def test_corrupt_records_named_up_to_five(self):
+        self.written_store(n=8)
+        _, _, records = adv.check_store(self.store_path, records=True)
+        for r in records:
+            mdb_put_text(self.store_path, "records", bytes.fromhex(r["key"]), b"\x09")
+        # An entry whose key is not a record key at all.
+        mdb_put_text(self.store_path, "records", b"\x00short", b"\x09")
+        rc, doc, _ = adv.check_store(self.store_path)
+        self.assertEqual(rc, 1, doc)
+        self.assertEqual((doc.get("records"), doc.get("corrupt")), (9, 9), doc)
+        self.assertEqual(len(doc["corrupt_first"]), 5, doc)
+        self.assertIn({"key": b"\x00short".hex(), "key_bytes": 6, "table": "records",
+                       "value_bytes": 1, "detail": "the key is not a 32-byte record key"},
+                      doc["corrupt_first"], doc)
 
     # 4. The real reader count and map size.
 

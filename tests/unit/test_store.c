@@ -1989,6 +1989,63 @@ static void corrupt_record(const char *path, const char *name)
     raw_end(env, txn, false);
 }
 
+struct bad_ctx {
+    int good, bad;
+    uint8_t bad_keys[4][STORE_KEY_BYTES];
+};
+
+static int count_good(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec, void *ctx)
+{
+    (void)key;
+    (void)rec;
+    ((struct bad_ctx *)ctx)->good++;
+    return 0;
+}
+
+static void count_bad(const uint8_t *key, size_t key_len, const char *table, size_t value_len,
+                      const char *detail, void *ctx)
+{
+    struct bad_ctx *b = ctx;
+
+    assert_int_equal(key_len, STORE_KEY_BYTES);
+    assert_string_equal(table, "records");
+    assert_int_equal(value_len, 5);
+    assert_non_null(detail);
+    if (b->bad < 4) {
+        memcpy(b->bad_keys[b->bad], key, STORE_KEY_BYTES);
+    }
+    b->bad++;
+}
+
+/* store_scan() stops at the first record that does not decode; a check
+ * tool needs them all: store_scan_all() counts every one and goes on. */
+static void test_scan_all_goes_past_corrupt_records(void **state)
+{
+    struct fixture *f = *state;
+    struct bad_ctx b = {0};
+    uint8_t k1[STORE_KEY_BYTES], k3[STORE_KEY_BYTES];
+    int n = 0;
+
+    fill_completed(f->st, "r", 6, 60000);
+    store_close(f->st);
+    f->st = NULL;
+    corrupt_record(f->path, "r1");
+    corrupt_record(f->path, "r3");
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    assert_int_equal(store_scan(f->st, count_records, &n), STORE_ECORRUPT);
+    assert_int_equal(store_scan_all(f->st, count_good, count_bad, &b), 0);
+    assert_int_equal(b.good, 4);
+    assert_int_equal(b.bad, 2);
+    key_of("r1", k1);
+    key_of("r3", k3);
+    assert_true((memcmp(b.bad_keys[0], k1, STORE_KEY_BYTES) == 0 &&
+                 memcmp(b.bad_keys[1], k3, STORE_KEY_BYTES) == 0) ||
+                (memcmp(b.bad_keys[0], k3, STORE_KEY_BYTES) == 0 &&
+                 memcmp(b.bad_keys[1], k1, STORE_KEY_BYTES) == 0));
+    assert_int_equal(store_scan_all(f->st, count_good, NULL, &b), STORE_EINVAL);
+}
+
 static void test_corrupt_record_reported_then_purged(void **state)
 {
     struct fixture *f = *state;
@@ -2853,6 +2910,7 @@ int main(void)
         STORE_TEST(test_scan_stops_when_asked),
         STORE_TEST(test_scan_merges_both_tables_in_key_order),
         STORE_TEST(test_corrupt_record_reported_then_purged),
+        STORE_TEST(test_scan_all_goes_past_corrupt_records),
         STORE_TEST(test_store_full_then_purge_on_full),
         STORE_TEST(test_store_full_of_answers_still_purges),
         STORE_TEST(test_purge_shrinks_its_batch_when_full),
