@@ -2066,9 +2066,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             *upload_data_size = 0;
             return ok ? MHD_YES : MHD_NO;
         }
-        if (r->w->draining && !r->keyed && r->route == NULL) {
-            /* still served: draining only stops new connections */
-        }
         on_complete_request(r);
         if (r->state == RS_RESPOND)
             return queue_answer(r);
