@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "diag.h"
 #include "fault.h"
 #include "server.h"
 #include "store.h"
@@ -303,11 +304,12 @@ static int run(const char *config_path, const char *listen, const char *upstream
     idem_fault_arm(); /* tests/faults: count from here, not during startup */
     while (sigwait(&set, &sig) != 0)
         ;
-    fprintf(stderr, "idemproxy: %s: draining\n",
-            sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
+    /* Not fprintf: a stderr nobody reads must not hold up the exit. */
+    idem_diag("idemproxy: %s: draining",
+              sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
     proxy_server_stop(srv);
     proxy_server_join(srv);
-    fprintf(stderr, "idemproxy: stopped\n");
+    idem_diag("idemproxy: stopped");
     rc = 0;
 out:
     store_close(st);

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "access_log.h"
+#include "diag.h"
 #include "fault.h"
 #include "policy.h"
 #include "writer.h"
@@ -2141,8 +2142,9 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static void mhd_log(void *cls, const char *fm, va_list ap)
 {
     (void)cls;
-    fputs("idemproxy: libmicrohttpd: ", stderr);
-    vfprintf(stderr, fm, ap);
+    /* Clients cause most of these at will (a request cut short, a
+     * malformed one): rate-limited, and never blocking the worker. */
+    idem_diag_client("idemproxy: libmicrohttpd: ", fm, ap);
 }
 
 /* ---- curl multi glue --------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "diag.h"
 /*
  * Purging is spread thin so that a request batch never waits behind more
  * than a little of it. Once purge work is due (every purge_interval, or at
@@ -158,10 +159,10 @@ static void log_failure(struct writer *w, const char *what, int rc, bool full)
         snprintf(more, sizeof(more), " (and %llu failed transactions since the last such line)",
                  (unsigned long long)w->failures_unlogged);
     if (full)
-        fprintf(stderr, "idemproxy: store: full, new keys get 503 until purging frees room: %s%s\n",
-                cause, more);
+        idem_diag("idemproxy: store: full, new keys get 503 until purging frees room: %s%s", cause,
+                  more);
     else
-        fprintf(stderr, "idemproxy: store: %s failed: %s%s\n", what, cause, more);
+        idem_diag("idemproxy: store: %s failed: %s%s", what, cause, more);
     *said = now;
     w->failures_unlogged = 0;
 }
@@ -177,10 +178,9 @@ static void log_recovered(struct writer *w)
         return;
     if (w->recovered_said != 0 && now - w->recovered_said < FLAP_LOG_EVERY_MS)
         return;
-    fprintf(stderr,
-            "idemproxy: store: writes succeed again (%llu failed transactions since the last "
-            "failure line)\n",
-            (unsigned long long)w->failures_unlogged);
+    idem_diag("idemproxy: store: writes succeed again (%llu failed transactions since the last "
+              "failure line)",
+              (unsigned long long)w->failures_unlogged);
     w->failing = false;
     w->recovered_said = now;
     w->failures_unlogged = 0;
