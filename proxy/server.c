@@ -53,6 +53,7 @@
 
 #define TICK_MS 10
 #define IDLE_TICK_MS 1000
+#define SWEEP_MS 1000 /* sweep_closed() */
 #define POLL_MIN_MS 10
 #define POLL_MAX_MS 200
 #define LOG_FLUSH_BYTES 32768
@@ -121,10 +122,29 @@ struct linger_sock {
 };
 
 struct worker;
+struct request;
+
+/*
+ * One client connection, from libmicrohttpd's start notification to its
+ * close (MHD_OPTION_NOTIFY_CONNECTION), for the sweep: libmicrohttpd
+ * 0.9.75 watches its sockets edge-triggered and takes a short read as
+ * "drained", so a client whose last bytes and FIN arrive together (half a
+ * request head, then close) is never read again: the connection, and the
+ * request it started, stay until client_timeout and hold up a drain. Once a
+ * second the worker peeks at the connections that hold no action in flight
+ * and shuts down the ones whose client has closed, which libmicrohttpd then
+ * reads as the close it is. See sweep_closed().
+ */
+struct conn_slot {
+    int fd;
+    struct request *req; /* the request it is reading, if any */
+    struct conn_slot *prev, *next;
+};
 
 struct request {
     struct worker *w;
     struct MHD_Connection *conn;
+    struct conn_slot *slot; /* NULL once the connection is closed */
     size_t head_bytes; /* header lines as received (collect_header) */
     size_t pool_bytes; /* what the request holds of libmicrohttpd's pool */
     struct request *prev, *next; /* worker's active (suspended) list */
@@ -213,6 +233,8 @@ struct worker {
     int evfd;
     int listen_fd;
     struct MHD_Daemon *mhd;
+    struct conn_slot *conns; /* open client connections */
+    int64_t next_sweep_ms;
     CURLM *multi;
     int64_t curl_deadline_ms; /* monotonic; -1 = none */
     struct curl_sock *socks; /* indexed by descriptor, sized at start-up */
@@ -395,6 +417,8 @@ static void request_free(struct request *r)
         return;
     set_waiting(r, false);
     active_remove(r);
+    if (r->slot != NULL && r->slot->req == r)
+        r->slot->req = NULL;
     if (r->easy != NULL) {
         curl_multi_remove_handle(r->w->multi, r->easy);
         curl_easy_cleanup(r->easy);
@@ -1580,6 +1604,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     struct worker *w = cls;
     struct request *r = calloc(1, sizeof(*r));
+    const union MHD_ConnectionInfo *ci;
     const char *q;
 
     if (r == NULL)
@@ -1602,6 +1627,11 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
      * went on past a NUL. */
     if (strncmp(uri + r->target_len + 1, "HTTP/", 5) != 0)
         r->reject_status = 400;
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci != NULL && ci->socket_context != NULL) {
+        r->slot = ci->socket_context;
+        r->slot->req = r;
+    }
     w->n_requests++;
     return r;
 }
@@ -2125,17 +2155,39 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                           enum MHD_ConnectionNotificationCode toe)
 {
     struct worker *w = cls;
-    (void)socket_context;
 
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct conn_slot *slot = ci != NULL ? calloc(1, sizeof(*slot)) : NULL;
         if (atomic_fetch_add(&w->srv->n_conns, 1) >= w->srv->cfg->server.max_connections) {
-            const union MHD_ConnectionInfo *ci =
-                MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
             if (ci != NULL)
                 shutdown(ci->connect_fd, SHUT_RDWR);
         }
+        /* Without a slot (out of memory) the connection is only not swept. */
+        if (slot != NULL) {
+            slot->fd = ci->connect_fd;
+            slot->next = w->conns;
+            if (w->conns != NULL)
+                w->conns->prev = slot;
+            w->conns = slot;
+            *socket_context = slot;
+        }
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct conn_slot *slot = *socket_context;
         atomic_fetch_sub(&w->srv->n_conns, 1);
+        if (slot != NULL) {
+            if (slot->req != NULL)
+                slot->req->slot = NULL;
+            if (slot->prev != NULL)
+                slot->prev->next = slot->next;
+            else
+                w->conns = slot->next;
+            if (slot->next != NULL)
+                slot->next->prev = slot->prev;
+            free(slot);
+            *socket_context = NULL;
+        }
     }
 }
 
@@ -2340,6 +2392,28 @@ static void force_drain(struct worker *w)
     }
 }
 
+/*
+ * Shuts down the connections whose client has closed but that libmicrohttpd
+ * will not read again (see struct conn_slot): those reading a request head
+ * or body, or idle between requests, whose socket has the FIN and nothing
+ * unread. A request further on (acquiring, waiting, in flight, answering)
+ * is left alone: a client gone mid-action is handled where it is noticed.
+ * The shutdown wakes libmicrohttpd's watch on the socket; it reads the end
+ * and closes the connection as a client abort.
+ */
+static void sweep_closed(struct worker *w)
+{
+    for (struct conn_slot *c = w->conns; c != NULL; c = c->next) {
+        char b;
+        if (c->req != NULL && c->req->state > RS_BODY)
+            continue;
+        if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+            shutdown(c->fd, SHUT_RDWR);
+            w->mhd_pending = true;
+        }
+    }
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -2425,6 +2499,10 @@ static void *worker_main(void *arg)
         if (now >= next_tick) {
             tick(w, now);
             next_tick = now + TICK_MS;
+        }
+        if (now >= w->next_sweep_ms) {
+            sweep_closed(w);
+            w->next_sweep_ms = now + SWEEP_MS;
         }
         if (run_mhd || n == 0 || w->draining || w->mhd_pending) {
             w->mhd_pending = false;
