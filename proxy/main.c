@@ -296,6 +296,11 @@ static int run(const char *config_path, const char *listen, const char *upstream
      * which the store treats as a full file system (fail closed), rather
      * than kill the process with SIGXFSZ in the middle of a commit. */
     signal(SIGXFSZ, SIG_IGN);
+    /* SIGUSR1/SIGUSR2 mean "reopen your logs" to logrotate and to nginx
+     * users; idemproxy writes to stdout and stderr and has nothing to
+     * reopen. Their default action would kill requests in flight. */
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
     if (proxy_server_start(cfg, st, &srv, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemproxy: %s\n", err);
         rc = 1;

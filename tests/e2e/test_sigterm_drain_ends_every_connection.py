@@ -164,6 +164,19 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
         self.assertReplayOf(self.post(new, "hup-1"), first)
         self.assertEqual(self.upstream.count("hup-1"), 1)
 
+    def test_sigusr1_and_sigusr2_are_ignored(self):
+        # A log rotation's postrotate "kill -USR1" must not stop the proxy
+        # (their default action kills the process, requests in flight too).
+        proxy = self.start_proxy()
+        flight = in_thread(self.post, proxy, "usr-1", headers=[("X-Test-Delay-Ms", "1000")])
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("usr-1") == 1, 5))
+        proxy.proc.send_signal(signal.SIGUSR1)
+        proxy.proc.send_signal(signal.SIGUSR2)
+        self.assertExecuted(flight.result(15))
+        self.assertTrue(proxy.running(), "the proxy exited on SIGUSR1/SIGUSR2")
+        self.assertExecuted(self.post(proxy, "usr-2"))
+        # Teardown: SIGTERM, exit 0.
+
 
 if __name__ == "__main__":
     unittest.main()
