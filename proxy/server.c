@@ -137,6 +137,8 @@ struct request;
  */
 struct conn_slot {
     int fd;
+    bool ip_counted;         /* holds one of its address's per-IP count */
+    unsigned char ip[16];    /* the client's address, IPv4 mapped to IPv6 */
     struct request *req; /* the request it is reading, if any */
     struct conn_slot *prev, *next;
 };
@@ -264,6 +266,15 @@ struct worker {
     size_t n_easy_pool;
 };
 
+/* Client connections per address, for server.per_ip_connections across all
+ * workers (see on_connection()). Under proxy_server.ip_lock. */
+#define IP_BUCKETS 1024
+struct ip_count {
+    unsigned char ip[16];
+    unsigned n;
+    struct ip_count *next;
+};
+
 struct proxy_server {
     const struct config *cfg;
     struct store *store;
@@ -273,6 +284,8 @@ struct proxy_server {
     atomic_int stopping;
     atomic_int n_waiting;
     atomic_uint n_conns; /* client connections of all workers, see on_connection() */
+    pthread_mutex_t ip_lock;
+    struct ip_count *ip_buckets[IP_BUCKETS];
     char *upstream_base; /* upstream URL without trailing slash */
     struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
@@ -2141,14 +2154,98 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
  * the limit; two workers may both pass it for the last slot, so the count
  * itself is taken in on_connection() and the loser's socket is shut down
  * there, which libmicrohttpd reads as the client closing. Thread-safe: any
- * worker calls both.
+ * worker calls both. server.per_ip_connections is kept the same way, with a
+ * count per client address shared by the workers (ip_take/ip_release).
  */
+/* The address of a client as 16 bytes (IPv4 mapped into IPv6); false for
+ * other families, which have no per-IP limit. */
+static bool ip_key(const struct sockaddr *sa, unsigned char out[16])
+{
+    if (sa == NULL)
+        return false;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        memset(out, 0, 10);
+        out[10] = 0xff;
+        out[11] = 0xff;
+        memcpy(out + 12, &in->sin_addr, 4);
+        return true;
+    }
+    if (sa->sa_family == AF_INET6) {
+        memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        return true;
+    }
+    return false;
+}
+
+static struct ip_count **ip_find(struct proxy_server *srv, const unsigned char ip[16])
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    struct ip_count **pp;
+    for (int i = 0; i < 16; i++)
+        h = (h ^ ip[i]) * 16777619u;
+    pp = &srv->ip_buckets[h % IP_BUCKETS];
+    while (*pp != NULL && memcmp((*pp)->ip, ip, 16) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static unsigned ip_connections(struct proxy_server *srv, const unsigned char ip[16])
+{
+    const struct ip_count *c;
+    unsigned n;
+    pthread_mutex_lock(&srv->ip_lock);
+    c = *ip_find(srv, ip);
+    n = c != NULL ? c->n : 0;
+    pthread_mutex_unlock(&srv->ip_lock);
+    return n;
+}
+
+/* Counts one more connection from ip; returns the new count, or 0 when it
+ * could not be counted (out of memory: the connection goes uncounted). */
+static unsigned ip_take(struct proxy_server *srv, const unsigned char ip[16])
+{
+    struct ip_count **pp;
+    unsigned n = 0;
+    pthread_mutex_lock(&srv->ip_lock);
+    pp = ip_find(srv, ip);
+    if (*pp == NULL) {
+        *pp = calloc(1, sizeof(**pp));
+        if (*pp != NULL)
+            memcpy((*pp)->ip, ip, 16);
+    }
+    if (*pp != NULL)
+        n = ++(*pp)->n;
+    pthread_mutex_unlock(&srv->ip_lock);
+    return n;
+}
+
+static void ip_release(struct proxy_server *srv, const unsigned char ip[16])
+{
+    struct ip_count **pp;
+    pthread_mutex_lock(&srv->ip_lock);
+    pp = ip_find(srv, ip);
+    if (*pp != NULL && --(*pp)->n == 0) {
+        struct ip_count *gone = *pp;
+        *pp = gone->next;
+        free(gone);
+    }
+    pthread_mutex_unlock(&srv->ip_lock);
+}
+
+static void ip_table_free(struct proxy_server *srv);
+
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
 {
     const struct worker *w = cls;
-    (void)addr;
+    unsigned per_ip = w->srv->cfg->server.per_ip_connections;
+    unsigned char ip[16];
     (void)addrlen;
-    return atomic_load(&w->srv->n_conns) < w->srv->cfg->server.max_connections ? MHD_YES : MHD_NO;
+    if (atomic_load(&w->srv->n_conns) >= w->srv->cfg->server.max_connections)
+        return MHD_NO;
+    if (per_ip > 0 && ip_key(addr, ip) && ip_connections(w->srv, ip) >= per_ip)
+        return MHD_NO;
+    return MHD_YES;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -2159,11 +2256,21 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ca =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         struct conn_slot *slot = ci != NULL ? calloc(1, sizeof(*slot)) : NULL;
-        if (atomic_fetch_add(&w->srv->n_conns, 1) >= w->srv->cfg->server.max_connections) {
-            if (ci != NULL)
-                shutdown(ci->connect_fd, SHUT_RDWR);
+        unsigned per_ip = w->srv->cfg->server.per_ip_connections;
+        bool over = atomic_fetch_add(&w->srv->n_conns, 1) >= w->srv->cfg->server.max_connections;
+        /* Counted per address as well when it can be released at the close
+         * (needs the slot). */
+        if (slot != NULL && per_ip > 0 && ca != NULL && ip_key(ca->client_addr, slot->ip)) {
+            unsigned n = ip_take(w->srv, slot->ip);
+            slot->ip_counted = n > 0;
+            if (n > per_ip)
+                over = true;
         }
+        if (over && ci != NULL)
+            shutdown(ci->connect_fd, SHUT_RDWR);
         /* Without a slot (out of memory) the connection is only not swept. */
         if (slot != NULL) {
             slot->fd = ci->connect_fd;
@@ -2177,6 +2284,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         struct conn_slot *slot = *socket_context;
         atomic_fetch_sub(&w->srv->n_conns, 1);
         if (slot != NULL) {
+            if (slot->ip_counted)
+                ip_release(w->srv, slot->ip);
             if (slot->req != NULL)
                 slot->req->slot = NULL;
             if (slot->prev != NULL)
@@ -2710,7 +2819,6 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
     /* See on_connection(): the process-wide limit is enforced there. */
     unsigned mhd_limit = cfg->server.max_connections + n;
     unsigned curl_cache = cfg->server.max_connections / n;
-    unsigned per_ip = (cfg->server.per_ip_connections + n - 1) / n;
     unsigned timeout_s = (unsigned)((cfg->server.client_timeout_ms + 999) / 1000);
     const union MHD_DaemonInfo *info;
     struct epoll_event ev = {0};
@@ -2732,7 +2840,6 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         mhd_memory_bytes(cfg), MHD_OPTION_END);
     if (w->mhd == NULL) {
@@ -2860,6 +2967,7 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         goto fail;
     srv->cfg = cfg;
     srv->store = st;
+    pthread_mutex_init(&srv->ip_lock, NULL);
     srv->listen_lock_fd = -1;
     srv->n_workers = n;
     srv->upstream_base = strdup(cfg->upstream.url);
@@ -2949,9 +3057,23 @@ fail:
         proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
         free(srv->workers);
         free(srv->upstream_base);
+        ip_table_free(srv);
         free(srv);
     }
     return rc;
+}
+
+/* Frees the per-IP counts (connections all closed, or never opened). */
+static void ip_table_free(struct proxy_server *srv)
+{
+    for (size_t i = 0; i < IP_BUCKETS; i++) {
+        while (srv->ip_buckets[i] != NULL) {
+            struct ip_count *next = srv->ip_buckets[i]->next;
+            free(srv->ip_buckets[i]);
+            srv->ip_buckets[i] = next;
+        }
+    }
+    pthread_mutex_destroy(&srv->ip_lock);
 }
 
 void proxy_server_stop(struct proxy_server *srv)
@@ -2980,6 +3102,7 @@ int proxy_server_join(struct proxy_server *srv)
     proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
     free(srv->workers);
     free(srv->upstream_base);
+    ip_table_free(srv);
     free(srv);
     return 0;
 }

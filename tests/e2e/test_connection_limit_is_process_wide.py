@@ -7,7 +7,8 @@ listen queue), and while a slot is free anywhere a new connection is served.
 Each worker has its own SO_REUSEPORT listener and the kernel picks one by a
 hash of the client's address and port. The limit used to be split evenly
 over the workers, so a connection hashed to a full worker sat in that
-worker's listen queue, unanswered, while the other worker had free slots."""
+worker's listen queue, unanswered, while the other worker had free slots. The same
+holds for server.per_ip_connections, a count per client address."""
 
 import socket
 import time
@@ -91,6 +92,33 @@ class ConnectionLimit(harness.ProxyTestCase):
             held.pop(cycle % len(held)).close()
             c = self.served_within(proxy, PROMPT_S, "cycle %d" % cycle)
             held.append(c)
+
+    def test_per_ip_limit_is_total(self):
+        # server.per_ip_connections is one count per address for the
+        # process. It used to be split over the workers: with 2 workers and
+        # a limit of 4, a third connection hashed to one worker was refused
+        # while the address held 2 in all. Several rounds, so that the hash
+        # puts 3 on one worker in at least one of them.
+        proxy = self.start_proxy(config=self.config(
+            server={"workers": 2, "max_connections": 64, "per_ip_connections": LIMIT}))
+        for rnd in range(6):
+            held = []
+            try:
+                for i in range(LIMIT):
+                    what, c = attempt(proxy.port)
+                    self.assertEqual(what, "served", "round %d: connection %d of %d"
+                                     % (rnd, i + 1, LIMIT))
+                    held.append(c)
+                what, c = attempt(proxy.port)
+                if c is not None:
+                    c.close()
+                self.assertEqual(what, "closed", "round %d: over the per-IP limit" % rnd)
+            finally:
+                for c in held:
+                    c.close()
+            # The closes are read by the proxy before the next round.
+            self.served_within(proxy, PROMPT_S, "round %d: after closing" % rnd).close()
+            time.sleep(0.3)
 
     def served_within(self, proxy, seconds, what):
         """A new connection served within seconds; attempts closed by the
