@@ -1461,6 +1461,33 @@ static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expir
     suspend(r);
 }
 
+/*
+ * True when the client of a waiting duplicate has closed its connection
+ * (FIN or reset, nothing unread). A suspended connection is not read by
+ * libmicrohttpd, so nothing else notices: the waiter would hold its slot and
+ * its per-IP count for the whole wait and, if the holder released the key,
+ * acquire it and run the action for nobody. Like nginx (a client that closes
+ * while its request is pending aborts it), a FIN counts as gone.
+ */
+static bool waiter_gone(struct request *r)
+{
+    char b;
+    ssize_t n;
+
+    if (r->slot == NULL)
+        return false;
+    n = recv(r->slot->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* A waiting duplicate whose client left: nothing of it ran and it holds
+ * no record, so its connection is just closed (queue_answer() with no
+ * response ends it), logged as aborted. */
+static void drop_waiter(struct request *r)
+{
+    respond(r, NULL, 0, "aborted");
+}
+
 /* Reads the record without the writer and acts on it. */
 static void lookup(struct request *r)
 {
@@ -1482,6 +1509,12 @@ static void lookup(struct request *r)
         begin_or_continue_wait(r, rec.lease_expires_ms);
         break;
     case IDEM_LOOKUP_ACQUIRE:
+        if (r->state == RS_WAITING && waiter_gone(r)) {
+            /* The holder released the key after this client left: do not
+             * run the action for nobody. */
+            drop_waiter(r);
+            break;
+        }
         set_waiting(r, false);
         submit_acquire(r);
         suspend(r);
@@ -2505,8 +2538,9 @@ static void force_drain(struct worker *w)
  * Shuts down the connections whose client has closed but that libmicrohttpd
  * will not read again (see struct conn_slot): those reading a request head
  * or body, or idle between requests, whose socket has the FIN and nothing
- * unread. A request further on (acquiring, waiting, in flight, answering)
- * is left alone: a client gone mid-action is handled where it is noticed.
+ * unread; and waiting duplicates whose client has gone (waiter_gone()). A
+ * request further on (acquiring, in flight, answering) is left alone: its
+ * action runs to the end whoever is still there.
  * The shutdown wakes libmicrohttpd's watch on the socket; it reads the end
  * and closes the connection as a client abort.
  */
@@ -2514,6 +2548,11 @@ static void sweep_closed(struct worker *w)
 {
     for (struct conn_slot *c = w->conns; c != NULL; c = c->next) {
         char b;
+        if (c->req != NULL && c->req->state == RS_WAITING) {
+            if (waiter_gone(c->req))
+                drop_waiter(c->req);
+            continue;
+        }
         if (c->req != NULL && c->req->state > RS_BODY)
             continue;
         if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
