@@ -257,6 +257,7 @@ struct worker {
     struct linger_sock *lingering;
     size_t n_lingering;
     bool mhd_pending; /* a connection was resumed: run MHD */
+    unsigned quiet_app_errors; /* see drop_waiter() */
 
     char *logbuf;
     size_t loglen;
@@ -1482,9 +1483,12 @@ static bool waiter_gone(struct request *r)
 
 /* A waiting duplicate whose client left: nothing of it ran and it holds
  * no record, so its connection is just closed (queue_answer() with no
- * response ends it), logged as aborted. */
+ * response ends it), logged as aborted. libmicrohttpd says "Application
+ * reported internal error" for that; mhd_log() leaves that line out, once
+ * per dropped waiter. */
 static void drop_waiter(struct request *r)
 {
+    r->w->quiet_app_errors++;
     respond(r, NULL, 0, "aborted");
 }
 
@@ -2335,7 +2339,21 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 static void mhd_log(void *cls, const char *fm, va_list ap)
 {
-    (void)cls;
+    struct worker *w = cls;
+    /* Called on the worker's own thread, from its MHD_run(). libmicrohttpd
+     * 0.9.75 passes its messages as "%s\n" and the text. */
+    if (w != NULL && w->quiet_app_errors > 0) {
+        const char *msg = fm;
+        va_list cp;
+        va_copy(cp, ap);
+        if (strcmp(fm, "%s\n") == 0)
+            msg = va_arg(cp, const char *);
+        va_end(cp);
+        if (msg != NULL && strncmp(msg, "Application reported internal error", 35) == 0) {
+            w->quiet_app_errors--;
+            return;
+        }
+    }
     /* Clients cause most of these at will (a request cut short, a
      * malformed one): rate-limited, and never blocking the worker. */
     idem_diag_client("idemproxy: libmicrohttpd: ", fm, ap);
@@ -2876,7 +2894,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
     }
     w->mhd = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, on_accept,
-        w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
