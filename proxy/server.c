@@ -207,6 +207,7 @@ struct request {
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     bool oom;              /* an allocation failed on the way */
+    bool drain_cut;        /* ended by the drain deadline, not by the upstream */
     unsigned full_retries; /* acquires asked again after STORE_FULL */
     int64_t upstream_start_ms;
     double upstream_ms;
@@ -1362,7 +1363,16 @@ static void upstream_done(struct request *r, CURLcode code)
         struct idem_headers ph = {0};
         size_t len = 0;
         char *body;
-        if (res == IDEM_UPSTREAM_TIMEOUT) {
+        if (res == IDEM_UPSTREAM_TIMEOUT && r->drain_cut) {
+            /* Not the upstream's slowness: an operator reading this must
+             * not go looking for a slow upstream (and with on_unknown
+             * "complete" it is the key's stored answer). */
+            st = 504;
+            slug = "drain-timeout";
+            title = "Stopped before the upstream answered";
+            detail = "the proxy was stopping and server.drain_timeout ran out before the "
+                     "upstream answered; the outcome is unknown";
+        } else if (res == IDEM_UPSTREAM_TIMEOUT) {
             st = 504;
             slug = "upstream-timeout";
             title = "Upstream timeout";
@@ -2545,7 +2555,9 @@ static void force_drain(struct worker *w)
                                        "retry"),
                     503, "unavailable");
         } else if (r->state == RS_UPSTREAM) {
-            /* The outcome is unknown: treat it as a timeout. */
+            /* The outcome is unknown: treat it as a timeout, the proxy's
+             * own (drain_cut names it so to the client). */
+            r->drain_cut = true;
             upstream_done(r, CURLE_OPERATION_TIMEDOUT);
         }
         r = next;
