@@ -45,6 +45,7 @@
  * durable write per running request, so a floor on it also keeps
  * heartbeats from crowding out the writes they wait behind. */
 #define MIN_LEASE_MS 1000
+#define MIN_TTL_MS 1000
 #define MIN_HEARTBEAT_MS 100
 #define MAX_KEY_LENGTH_LIMIT 4096
 /* A configuration file is a few KiB; the cap keeps a wrong path such as
@@ -1121,6 +1122,11 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("scope_header"), "is not a header name");
     else if (r->ttl_ms <= 0)
         rc = check_positive(r->ttl_ms, FIELD("ttl"), e);
+    /* Waiting duplicates in another process learn of a completion by
+     * polling (every 10-200 ms): a record that expired before they looked
+     * would be run again instead of replayed. */
+    else if (r->ttl_ms < MIN_TTL_MS)
+        rc = invalid(e, FIELD("ttl"), "must be at least 1s");
     /* The lease first: a derived heartbeat (lease / 2) is then at least
      * 500 ms, so an error about it always names a field the file set. */
     else if (r->lease_ms < MIN_LEASE_MS)
