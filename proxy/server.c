@@ -208,6 +208,7 @@ struct request {
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     bool oom;              /* an allocation failed on the way */
     bool drain_cut;        /* ended by the drain deadline, not by the upstream */
+    const char *problem;   /* the problem type of an answer the proxy made (static) */
     unsigned full_retries; /* acquires asked again after STORE_FULL */
     int64_t upstream_start_ms;
     double upstream_ms;
@@ -369,12 +370,13 @@ static void log_request(struct worker *w, struct request *r)
     n = snprintf(line, sizeof(line),
                  "{\"time\":\"%s.%03ldZ\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
                  "\"outcome\":\"%s\",\"scope\":%s%s%s,\"key\":%s%s%s,\"upstream_ms\":%.1f,"
-                 "\"total_ms\":%.1f}\n",
+                 "\"total_ms\":%.1f,\"problem\":%s%s%s}\n",
                  when, ts.tv_nsec / 1000000, method, path, r->response_status,
                  r->outcome ? r->outcome : "aborted", r->route ? "\"" : "",
                  r->route ? scope : "null", r->route ? "\"" : "", r->keyed ? "\"" : "",
                  r->keyed ? r->keyhash : "null", r->keyed ? "\"" : "", r->upstream_ms,
-                 mono_ms_f() - (double)r->start_ms);
+                 mono_ms_f() - (double)r->start_ms, r->problem ? "\"" : "",
+                 r->problem ? r->problem : "null", r->problem ? "\"" : "");
     if (n <= 0 || (size_t)n >= sizeof(line))
         return;
     if (w->loglen + (size_t)n > LOG_FLUSH_BYTES)
@@ -511,6 +513,7 @@ static void respond_problem(struct request *r, int status, const char *slug, con
                             bool close_conn)
 {
     struct MHD_Response *resp = make_problem(status, slug, title, detail);
+    r->problem = slug;
     if (resp != NULL) {
         if (retry_after > 0) {
             char ra[24];
@@ -657,6 +660,7 @@ static void reject_lingering(struct request *r, int status, const char *reason,
 
     r->response_status = status;
     r->outcome = "rejected";
+    r->problem = slug;
     r->state = RS_DONE;
     ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci == NULL)
@@ -1391,6 +1395,7 @@ static void upstream_done(struct request *r, CURLcode code)
                          : "the upstream response exceeds upstream.max_response";
         }
         body = idem_problem_json(st, slug, title, detail, &len);
+        r->problem = slug;
         free(r->resp_body);
         r->resp_body = (uint8_t *)body;
         r->resp_len = body ? len : 0;
@@ -1447,6 +1452,7 @@ static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expir
     r->holder_lease_expires_ms = holder_lease_expires_ms;
     if (r->w->drain_forced) {
         /* The drain is over: no wait left to give; not a conflict. */
+        r->problem = "shutting-down";
         respond(r, make_shutting_down("the proxy stopped before the key's holder finished; retry"),
                 503, "unavailable");
         return;
@@ -1574,12 +1580,14 @@ static void on_job(struct request *r, struct writer_job *j)
             if (r->w->draining) {
                 /* Acquired as we began to stop: give the key back. */
                 r->response = make_shutting_down("the proxy is stopping; retry");
+                r->problem = "shutting-down";
                 r->response_status = 503;
                 r->outcome = "unavailable";
                 submit_settle(r, STORE_OP_RELEASE, 0);
                 break;
             }
             if (start_upstream(r) != 0) {
+                r->problem = "upstream-request-failed";
                 r->response = make_problem(502, "upstream-request-failed",
                                            "Upstream request failed",
                                            "the request could not be forwarded");
@@ -2550,6 +2558,7 @@ static void force_drain(struct worker *w)
     while (r != NULL) {
         struct request *next = r->next;
         if (r->state == RS_WAITING) {
+            r->problem = "shutting-down";
             respond(r,
                     make_shutting_down("the proxy stopped before the key's holder finished; "
                                        "retry"),

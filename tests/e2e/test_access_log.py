@@ -13,7 +13,8 @@ import unittest
 import harness
 from harness import in_thread
 
-FIELDS = ("time", "method", "path", "status", "outcome", "scope", "key", "upstream_ms", "total_ms")
+FIELDS = ("time", "method", "path", "status", "outcome", "scope", "key", "upstream_ms", "total_ms",
+          "problem")
 
 
 class AccessLog(harness.ProxyTestCase):
@@ -70,10 +71,34 @@ class AccessLog(harness.ProxyTestCase):
         for e in by_outcome["passthrough"]:
             if e["method"] == "POST":
                 self.assertIsNone(e["key"])
+        # Answers the proxy made name their problem type; the upstream's
+        # own answers (its 503 included) and replays have none.
+        problems = sorted((e["status"], e["problem"]) for e in entries if e["problem"])
+        self.assertEqual(problems, [(400, "invalid-key"), (400, "key-required"),
+                                    (409, "request-in-progress"), (413, "body-too-large"),
+                                    (422, "key-reused")], entries)
+
 
         text = proxy.stdout() + proxy.stderr()
         for k in raw_keys + ["log-big", "log-get"]:
             self.assertNotIn(k, text, "raw key %s in the logs" % k)
+
+    def test_upstream_failures_are_told_apart(self):
+        # "released", status 502, for three different things: the upstream
+        # answered 502 itself; nothing was sent (refused); the connection
+        # was lost after sending (the action may have run).
+        proxy = self.start_proxy()
+        self.assertEqual(self.post(proxy, "tell-1", headers=[("X-Test-Status", "502")]).status,
+                         502)
+        self.assertEqual(self.post(proxy, "tell-2", headers=[("X-Test-Fault", "reset")]).status,
+                         502)
+        down = self.start_proxy(config=self.config(upstream_url="http://127.0.0.1:%d" % harness.closed_port()),
+                                name="down")
+        self.assertEqual(self.post(down, "tell-3").status, 502)
+        got = [(e["status"], e["outcome"], e["problem"])
+               for e in proxy.wait_access_log(2) + down.wait_access_log(1)]
+        self.assertEqual(got, [(502, "released", None), (502, "released", "upstream-broken"),
+                               (502, "released", "upstream-unreachable")])
 
     def test_lines_are_written_as_requests_happen(self):
         # A log shipper reads stdout while the proxy runs: no buffering
