@@ -2167,7 +2167,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     }
     if (lrc != 0) {
         rc = map_err(lrc);
-        snprintf(err, errlen, "store: cannot open %s: %s", opt->path, mdb_strerror(lrc));
+        snprintf(err, errlen, "store: cannot open %s (its data.mdb and lock.mdb): %s", opt->path,
+                 mdb_strerror(lrc));
         goto out;
     }
     rc = check_data_file(s, opt->path, err, errlen);
