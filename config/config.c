@@ -210,6 +210,10 @@ static int listen_error(const char *s, const char *field, struct errbuf *e)
     case CONFIG_ADDR_PORT_RANGE:
         rc = invalid(e, field, "%s has a port outside 1..65535", q);
         break;
+    case CONFIG_ADDR_BAD_IPV4:
+        rc = invalid(e, field, "%s: an IPv4 address must be four decimal numbers 0-255 "
+                               "without leading zeros", q);
+        break;
     default:
         rc = invalid(e, field, "%s is not host:port", q);
         break;
@@ -260,6 +264,10 @@ static int url_error(const char *s, const char *field, struct errbuf *e)
         break;
     case CONFIG_ADDR_PORT_RANGE:
         rc = invalid(e, field, "%s has a port outside 1..65535", q);
+        break;
+    case CONFIG_ADDR_BAD_IPV4:
+        rc = invalid(e, field, "%s: an IPv4 address must be four decimal numbers 0-255 "
+                               "without leading zeros", q);
         break;
     }
     return rc;
