@@ -46,6 +46,7 @@
  * heartbeats from crowding out the writes they wait behind. */
 #define MIN_LEASE_MS 1000
 #define MIN_TTL_MS 1000
+#define MAX_MAP_SIZE ((uint64_t)1 << 46) /* 64 TiB */
 #define MIN_HEARTBEAT_MS 100
 #define MAX_KEY_LENGTH_LIMIT 4096
 /* A configuration file is a few KiB; the cap keeps a wrong path such as
@@ -1151,6 +1152,9 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("max_key_length"), "must be between 1 and %d", MAX_KEY_LENGTH_LIMIT);
     else
         rc = check_tokens(r->methods, r->n_methods, FIELD("methods"), "an HTTP method", e);
+    for (size_t i = 0; rc == CONFIG_OK && i < r->n_methods; i++)
+        if (strcmp(r->methods[i], "CONNECT") == 0)
+            rc = invalid(e, FIELD("methods"), "CONNECT is never forwarded (the proxy answers 501)");
     if (rc == CONFIG_OK)
         rc = check_tokens(r->strip_headers, r->n_strip_headers, FIELD("strip_headers"),
                           "a header name", e);
@@ -1185,6 +1189,10 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "store.path", "must not be empty");
     else if (cfg->store.map_size_bytes < MIN_MAP_SIZE)
         rc = invalid(e, "store.map_size", "must be at least 1MiB");
+    /* It is reserved as address space at start: past what a process can
+     * map, the proxy would only say "Cannot allocate memory". */
+    else if (cfg->store.map_size_bytes > MAX_MAP_SIZE)
+        rc = invalid(e, "store.map_size", "must be at most 65536GiB");
     else if (cfg->store.sync_interval_ms <= 0)
         rc = check_positive(cfg->store.sync_interval_ms, "store.sync_interval", e);
     else if (cfg->store.purge_interval_ms <= 0)
