@@ -35,7 +35,10 @@ class RequestTarget(harness.ProxyTestCase):
         self.assertEqual(self.upstream.total(), 0)
 
     def test_connect_refused_nothing_forwarded_or_stored(self):
-        proxy = self.start_proxy(methods=["POST", "CONNECT"])
+        # A route cannot cover CONNECT (refused at start since babfcb7,
+        # tests/config/invalid/methods_connect); it is refused whatever the
+        # routes say.
+        proxy = self.start_proxy(methods=["POST"])
         for line in ("CONNECT /v1/payments HTTP/1.1", "CONNECT /elsewhere HTTP/1.1",
                      "CONNECT proxy.test:443 HTTP/1.1"):
             with self.subTest(line=line):
