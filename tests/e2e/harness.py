@@ -422,6 +422,14 @@ class Proxy:
         self.env = env  # None: this process's environment
         self.preexec_fn = preexec_fn  # run in the child before exec (limits)
         self.config = json.loads(json.dumps(config))
+        # IDEMPROXY_UPSTREAM_CLIENT=native|libcurl runs every scenario with
+        # that upstream client (a config that names one keeps it).
+        client = os.environ.get("IDEMPROXY_UPSTREAM_CLIENT")
+        up = self.config.get("upstream")
+        if client and isinstance(up, str):
+            self.config["upstream"] = {"url": up, "client": client}
+        elif client and isinstance(up, dict):
+            up.setdefault("client", client)
         self.name = name
         self.args = list(args)
         self.config_path = os.path.join(workdir, name + ".json")
