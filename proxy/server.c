@@ -1,6 +1,7 @@
 /*
- * server.c - worker event loops: libmicrohttpd (external epoll) + libcurl
- * multi + the store writer. See server.h for the shape, policy.h for the
+ * server.c - worker event loops: libmicrohttpd (external epoll) + the
+ * upstream client (the native one, upstream.h, or a libcurl multi handle) +
+ * the store writer. See server.h for the shape, policy.h for the
  * decisions, CONTRACT.md section 3 for the behaviour.
  *
  * A request's life (all on its worker's thread):
@@ -14,7 +15,7 @@
  *   ACQUIRING          acquire op queued to the writer; suspended
  *   WAITING            a duplicate of a live IN_PROGRESS record; woken by a
  *                      complete/release in this process, or polls (backoff)
- *   UPSTREAM           curl transfer; the lease is extended by heartbeats
+ *   UPSTREAM           upstream exchange; the lease is extended by heartbeats
  *   FINISHING          complete/release op queued; answered only after the
  *                      writer committed it (durable before the client hears)
  *   RESPOND            resumed; the handler queues the response

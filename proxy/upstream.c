@@ -724,7 +724,7 @@ static void x_close_conn(struct upstream_exchange *x)
 }
 
 static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai);
-static void x_write(struct upstream_exchange *x);
+static bool x_write(struct upstream_exchange *x);
 
 /*
  * The connection failed (an error, a reset or an end before the answer was
@@ -805,8 +805,11 @@ static void x_parsed(struct upstream_exchange *x, enum upstream_parse_rc rc)
 }
 
 /* Reads what the socket holds (a bounded number of times: the loop must
- * serve everyone) and parses it. */
-static void x_read(struct upstream_exchange *x)
+ * serve everyone) and parses it. True when the exchange still waits on the
+ * same connection; false when it moved on (finished, failed, or resent on
+ * another connection, which may even reuse the freed one's address, so
+ * callers must not compare pointers). */
+static bool x_read(struct upstream_exchange *x)
 {
     struct upstream_conn *c = x->conn;
 
@@ -818,15 +821,16 @@ static void x_read(struct upstream_exchange *x)
         if (c->len == c->cap) {
             /* The parser holds back less than a buffer (upstream.h). */
             x_parsed(x, UPSTREAM_PARSE_BROKEN);
-            return;
+            return false;
         }
         n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                x_conn_failed(x);
-            return;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return true;
+            x_conn_failed(x);
+            return false;
         }
         if (n == 0) {
             if (upstream_parse_eof(&x->parser) == UPSTREAM_PARSE_DONE) {
@@ -835,7 +839,7 @@ static void x_read(struct upstream_exchange *x)
             } else {
                 x_conn_failed(x);
             }
-            return;
+            return false;
         }
         c->len += (size_t)n;
         rc = upstream_parse(&x->parser, c->buf, c->len, &used);
@@ -844,16 +848,18 @@ static void x_read(struct upstream_exchange *x)
         c->len -= used;
         if (rc != UPSTREAM_PARSE_MORE) {
             x_parsed(x, rc);
-            return;
+            return false;
         }
         if ((size_t)n < c->cap / 2)
-            return; /* most likely drained; level-triggered epoll says if not */
+            break; /* most likely drained; level-triggered epoll says if not */
     }
+    return true;
 }
 
 /* Writes what is left of the request; waits for EPOLLOUT when the socket
- * buffer is full. */
-static void x_write(struct upstream_exchange *x)
+ * buffer is full. True when the exchange still waits on the same
+ * connection (see x_read). */
+static bool x_write(struct upstream_exchange *x)
 {
     struct upstream_conn *c = x->conn;
     size_t total = x->head_len + x->body_len;
@@ -885,22 +891,24 @@ static void x_write(struct upstream_exchange *x)
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP | EPOLLOUT) != 0)
-                    x_conn_failed(x);
-                return;
+                if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP | EPOLLOUT) == 0)
+                    return true;
+                x_conn_failed(x);
+                return false;
             }
             /* The upstream may have answered and closed (an early error
              * answer): what it sent decides. */
-            x_read(x);
-            if (x->conn == c)
+            if (x_read(x))
                 x_conn_failed(x);
-            return;
+            return false;
         }
         x->written += (size_t)n;
         x->ever_written = true;
     }
-    if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP) != 0)
-        x_conn_failed(x);
+    if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP) == 0)
+        return true;
+    x_conn_failed(x);
+    return false;
 }
 
 static int pool_track(struct upstream_pool *p, struct upstream_conn *c)
@@ -1142,10 +1150,12 @@ void upstream_event(struct upstream_pool *p, int fd, uint32_t events)
         return;
     }
     if (c->connecting) {
+        /* SO_ERROR, not the event's flags, decides: an event read in the
+         * same batch may be a closed descriptor's whose number this
+         * socket took over. */
         int soerr = 0;
         socklen_t sl = sizeof(soerr);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0 ||
-            (events & (EPOLLERR | EPOLLHUP)) != 0) {
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
             x_conn_failed(x);
             return;
         }
@@ -1155,11 +1165,8 @@ void upstream_event(struct upstream_pool *p, int fd, uint32_t events)
         x_write(x);
         return;
     }
-    if ((events & EPOLLOUT) != 0 && x->written < x->head_len + x->body_len) {
-        x_write(x);
-        if (x->conn != c)
-            return;
-    }
+    if ((events & EPOLLOUT) != 0 && x->written < x->head_len + x->body_len && !x_write(x))
+        return;
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0)
         x_read(x);
 }
