@@ -5,7 +5,8 @@ it, Host as the upstream's own host:port, the forwarded headers in order,
 Content-Length as libcurl wrote it (always for POST, PUT and PATCH, even 0;
 never for a bodiless GET or DELETE), and no header the client did not send
 (no Accept, User-Agent, Expect or Content-Type invented). A host name
-upstream ("localhost") is resolved once and its addresses tried in order."""
+upstream ("localhost") is resolved once and its addresses tried in order;
+an IPv6 literal gets its brackets in Host."""
 
 import unittest
 
@@ -73,6 +74,15 @@ class UpstreamRequestAsSent(harness.ProxyTestCase):
             proxy = self.start_with(client, url="http://localhost:%d" % self.upstream.port)
             hs = self.seen(proxy, "GET", "/v1/other/named")
             self.assertEqual(hs[0], ("Host", "localhost:%d" % self.upstream.port), client)
+            proxy.stop()
+
+    def test_ipv6_literal_upstream(self):
+        up6 = harness.Upstream(self.workdir, name="upstream6", host="::1").start()
+        self.addCleanup(up6.stop)
+        for client in CLIENTS:
+            proxy = self.start_with(client, url=up6.url + "/v6base")
+            hs = self.seen(proxy, "GET", "/v1/other/six?x=1")
+            self.assertEqual(hs[0], ("Host", "[::1]:%d" % up6.port), client)
             proxy.stop()
 
 
