@@ -3162,6 +3162,10 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         format_address(&ss, host, sizeof(host), &port);
         fprintf(stderr, "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s\n",
                 host, port, n, srv->upstream_base, cfg->store.path);
+        if (srv->origin != NULL && !upstream_origin_resolved(srv->origin))
+            fprintf(stderr,
+                    "idemproxy: warning: the upstream's host does not resolve; every forwarded "
+                    "request gets 502 until a restart resolves it\n");
     }
     *out = srv;
     return 0;

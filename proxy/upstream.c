@@ -567,6 +567,11 @@ out:
     return rc;
 }
 
+bool upstream_origin_resolved(const struct upstream_origin *o)
+{
+    return o->addrs != NULL;
+}
+
 void upstream_origin_free(struct upstream_origin *o)
 {
     if (o == NULL)

@@ -102,6 +102,8 @@ struct upstream_origin;
  * resolve is not an error: every exchange then ends NOT_SENT (as libcurl's
  * "could not resolve" did). err gets one line on failure. */
 int upstream_origin_new(const char *url, struct upstream_origin **out, char *err, size_t errlen);
+/* Did the host resolve at start? (For a warning: requests then get 502.) */
+bool upstream_origin_resolved(const struct upstream_origin *o);
 /* upstream_origin_free(NULL) is a no-op. */
 void upstream_origin_free(struct upstream_origin *o);
 
