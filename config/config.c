@@ -45,6 +45,8 @@
  * durable write per running request, so a floor on it also keeps
  * heartbeats from crowding out the writes they wait behind. */
 #define MIN_LEASE_MS 1000
+#define MIN_TTL_MS 1000
+#define MAX_MAP_SIZE ((uint64_t)1 << 46) /* 64 TiB */
 #define MIN_HEARTBEAT_MS 100
 #define MAX_KEY_LENGTH_LIMIT 4096
 /* A configuration file is a few KiB; the cap keeps a wrong path such as
@@ -209,6 +211,10 @@ static int listen_error(const char *s, const char *field, struct errbuf *e)
     case CONFIG_ADDR_PORT_RANGE:
         rc = invalid(e, field, "%s has a port outside 1..65535", q);
         break;
+    case CONFIG_ADDR_BAD_IPV4:
+        rc = invalid(e, field, "%s: an IPv4 address must be four decimal numbers 0-255 "
+                               "without leading zeros", q);
+        break;
     default:
         rc = invalid(e, field, "%s is not host:port", q);
         break;
@@ -259,6 +265,10 @@ static int url_error(const char *s, const char *field, struct errbuf *e)
         break;
     case CONFIG_ADDR_PORT_RANGE:
         rc = invalid(e, field, "%s has a port outside 1..65535", q);
+        break;
+    case CONFIG_ADDR_BAD_IPV4:
+        rc = invalid(e, field, "%s: an IPv4 address must be four decimal numbers 0-255 "
+                               "without leading zeros", q);
         break;
     }
     return rc;
@@ -1133,6 +1143,11 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("scope_header"), "is not a header name");
     else if (r->ttl_ms <= 0)
         rc = check_positive(r->ttl_ms, FIELD("ttl"), e);
+    /* Waiting duplicates in another process learn of a completion by
+     * polling (every 10-200 ms): a record that expired before they looked
+     * would be run again instead of replayed. */
+    else if (r->ttl_ms < MIN_TTL_MS)
+        rc = invalid(e, FIELD("ttl"), "must be at least 1s");
     /* The lease first: a derived heartbeat (lease / 2) is then at least
      * 500 ms, so an error about it always names a field the file set. */
     else if (r->lease_ms < MIN_LEASE_MS)
@@ -1149,6 +1164,9 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("max_key_length"), "must be between 1 and %d", MAX_KEY_LENGTH_LIMIT);
     else
         rc = check_tokens(r->methods, r->n_methods, FIELD("methods"), "an HTTP method", e);
+    for (size_t i = 0; rc == CONFIG_OK && i < r->n_methods; i++)
+        if (strcmp(r->methods[i], "CONNECT") == 0)
+            rc = invalid(e, FIELD("methods"), "CONNECT is never forwarded (the proxy answers 501)");
     if (rc == CONFIG_OK)
         rc = check_tokens(r->strip_headers, r->n_strip_headers, FIELD("strip_headers"),
                           "a header name", e);
@@ -1183,6 +1201,10 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "store.path", "must not be empty");
     else if (cfg->store.map_size_bytes < MIN_MAP_SIZE)
         rc = invalid(e, "store.map_size", "must be at least 1MiB");
+    /* It is reserved as address space at start: past what a process can
+     * map, the proxy would only say "Cannot allocate memory". */
+    else if (cfg->store.map_size_bytes > MAX_MAP_SIZE)
+        rc = invalid(e, "store.map_size", "must be at most 65536GiB");
     else if (cfg->store.sync_interval_ms <= 0)
         rc = check_positive(cfg->store.sync_interval_ms, "store.sync_interval", e);
     else if (cfg->store.purge_interval_ms <= 0)

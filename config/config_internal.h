@@ -53,6 +53,7 @@ enum config_addr {
     CONFIG_ADDR_BAD_HOST,   /* host part malformed (or missing ":port" for listen) */
     CONFIG_ADDR_BAD_PORT,   /* port not a number */
     CONFIG_ADDR_PORT_RANGE, /* port a number outside 1..65535 */
+    CONFIG_ADDR_BAD_IPV4,   /* a numeric host that is not a plain dotted quad */
 };
 
 /* listen: "host:port", "[v6]:port" or ":port". */

@@ -205,6 +205,57 @@ out:
 /* host[:port] in s[0..len): a name or IPv4 address, or "[IPv6]". Names are
  * letters, digits, '-', '.', '_': enough for DNS names and addresses, and
  * nothing that could smuggle a path, userinfo or white space. */
+/*
+ * A host whose last label is a number is an IPv4 address (as URL parsers
+ * read it), and it must then be written as four decimal octets without
+ * leading zeros. getaddrinfo() and libcurl accept the old inet_aton() forms
+ * too and read them otherwise: "010.0.0.1" as 8.0.0.1 (octal), "127.1",
+ * "0x7f.0.0.1" and "2130706433" as 127.0.0.1. Another meaning than the one
+ * written is refused rather than guessed.
+ */
+static bool ipv4_form_ok(const char *s, size_t len)
+{
+    size_t last = len;
+    size_t i;
+    unsigned octets = 0;
+
+    while (last > 0 && s[last - 1] != '.')
+        last--;
+    if (last == len)
+        return true; /* empty last label: not a number; other rules apply */
+    i = last;
+    if (len - last >= 2 && s[last] == '0' && (s[last + 1] == 'x' || s[last + 1] == 'X')) {
+        for (i = last + 2; i < len && is_hex(s[i]); i++)
+            ;
+    } else {
+        for (; i < len && is_digit(s[i]); i++)
+            ;
+    }
+    if (i < len)
+        return true; /* "1a", "example": a name label, not a number */
+    /* A number: the whole host must be a dotted quad. */
+    i = 0;
+    while (i <= len) {
+        size_t start = i;
+        unsigned v = 0;
+        while (i < len && is_digit(s[i])) {
+            v = v * 10 + (unsigned)(s[i] - '0');
+            if (v > 255)
+                return false;
+            i++;
+        }
+        if (i == start || (i - start > 1 && s[start] == '0'))
+            return false;
+        octets++;
+        if (i == len)
+            break;
+        if (s[i] != '.')
+            return false;
+        i++;
+    }
+    return octets == 4;
+}
+
 static enum config_addr scan_host_port(const char *s, size_t len, bool host_required,
                                        bool port_required)
 {
@@ -243,6 +294,10 @@ static enum config_addr scan_host_port(const char *s, size_t len, bool host_requ
         }
         if (host_len == 0 && host_required)
             goto out;
+        if (!ipv4_form_ok(s, host_len)) {
+            rc = CONFIG_ADDR_BAD_IPV4;
+            goto out;
+        }
         if (colon != NULL) {
             port = colon + 1;
             port_len = len - host_len - 1;

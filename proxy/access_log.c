@@ -44,6 +44,8 @@ struct proxy_access_log {
     uint64_t reported; /* dropped as of the last line on stderr */
     int64_t reported_ms;
     int write_errno; /* the descriptor failed (not just full): why */
+    bool mid_line;   /* the last byte written was not the end of a line */
+    bool cut_line;   /* a failure cut a line short: end it before the next */
     bool stopping;
     bool abandoned; /* the stopper left: the thread frees the log */
     bool exited;
@@ -182,6 +184,28 @@ static void *log_main(void *arg)
             break;
         if (log->len == 0)
             continue;
+        if (log->cut_line) {
+            /* A write failed mid-line (a full disk, a file size limit) and
+             * the rest of that line was dropped: end the fragment, so the
+             * next line starts a line of its own instead of being glued to
+             * it (a JSON-lines reader then loses one line, not two). */
+            pthread_mutex_unlock(&log->lock);
+            wr = write_some(log->fd, "\n", 1);
+            pthread_mutex_lock(&log->lock);
+            if (wr == 1) {
+                log->cut_line = false;
+                log->mid_line = false;
+                continue;
+            }
+            if (wr == 0)
+                continue; /* still full: wait again */
+            /* Still failing: drop the next lines as below. */
+            log->write_errno = (int)-wr;
+            n = log->cap - log->head < log->len ? log->cap - log->head : log->len;
+            log->dropped += count_lines(log->buf + log->head, n);
+            consume(log, n);
+            continue;
+        }
         n = log->cap - log->head;
         if (n > log->len)
             n = log->len;
@@ -193,6 +217,7 @@ static void *log_main(void *arg)
         pthread_mutex_lock(&log->lock);
         if (wr > 0) {
             log->write_errno = 0;
+            log->mid_line = chunk[wr - 1] != '\n';
             consume(log, (size_t)wr);
         } else if (wr < 0) {
             /* The descriptor failed (a closed pipe, a full disk): these
@@ -200,6 +225,8 @@ static void *log_main(void *arg)
             log->write_errno = (int)-wr;
             log->dropped += count_lines(chunk, n);
             consume(log, n);
+            if (log->mid_line)
+                log->cut_line = true;
         }
     }
     log->exited = true;

@@ -84,10 +84,11 @@ out:
  * it is damaged ("store DIR is damaged: ..."); others get its path. */
 static void print_store_error(const char *path, const char *err)
 {
-    if (strncmp(err, "store ", 6) == 0)
-        fprintf(stderr, "idemproxy: %s\n", err);
+    if (strncmp(err, "store ", 6) == 0 || (strncmp(err, "store: ", 7) == 0 && strstr(err, path)))
+        fprintf(stderr, "idemproxy: %s\n", err); /* names the store already */
     else
-        fprintf(stderr, "idemproxy: store %s: %s\n", path, err);
+        fprintf(stderr, "idemproxy: store %s: %s\n", path,
+                strncmp(err, "store: ", 7) == 0 ? err + 7 : err);
 }
 
 struct check_ctx {

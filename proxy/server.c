@@ -212,6 +212,8 @@ struct request {
     bool resend_blocked; /* a silent resend was refused */
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     bool oom;              /* an allocation failed on the way */
+    bool drain_cut;        /* ended by the drain deadline, not by the upstream */
+    const char *problem;   /* the problem type of an answer the proxy made (static) */
     unsigned full_retries; /* acquires asked again after STORE_FULL */
     int64_t upstream_start_ms;
     double upstream_ms;
@@ -263,6 +265,7 @@ struct worker {
     struct linger_sock *lingering;
     size_t n_lingering;
     bool mhd_pending; /* a connection was resumed: run MHD */
+    unsigned quiet_app_errors; /* see drop_waiter() */
 
     char *logbuf;
     size_t loglen;
@@ -374,12 +377,13 @@ static void log_request(struct worker *w, struct request *r)
     n = snprintf(line, sizeof(line),
                  "{\"time\":\"%s.%03ldZ\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
                  "\"outcome\":\"%s\",\"scope\":%s%s%s,\"key\":%s%s%s,\"upstream_ms\":%.1f,"
-                 "\"total_ms\":%.1f}\n",
+                 "\"total_ms\":%.1f,\"problem\":%s%s%s}\n",
                  when, ts.tv_nsec / 1000000, method, path, r->response_status,
                  r->outcome ? r->outcome : "aborted", r->route ? "\"" : "",
                  r->route ? scope : "null", r->route ? "\"" : "", r->keyed ? "\"" : "",
                  r->keyed ? r->keyhash : "null", r->keyed ? "\"" : "", r->upstream_ms,
-                 mono_ms_f() - (double)r->start_ms);
+                 mono_ms_f() - (double)r->start_ms, r->problem ? "\"" : "",
+                 r->problem ? r->problem : "null", r->problem ? "\"" : "");
     if (n <= 0 || (size_t)n >= sizeof(line))
         return;
     if (w->loglen + (size_t)n > LOG_FLUSH_BYTES)
@@ -518,6 +522,7 @@ static void respond_problem(struct request *r, int status, const char *slug, con
                             bool close_conn)
 {
     struct MHD_Response *resp = make_problem(status, slug, title, detail);
+    r->problem = slug;
     if (resp != NULL) {
         if (retry_after > 0) {
             char ra[24];
@@ -664,6 +669,7 @@ static void reject_lingering(struct request *r, int status, const char *reason,
 
     r->response_status = status;
     r->outcome = "rejected";
+    r->problem = slug;
     r->state = RS_DONE;
     ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci == NULL)
@@ -1451,7 +1457,16 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
         struct idem_headers ph = {0};
         size_t len = 0;
         char *body;
-        if (res == IDEM_UPSTREAM_TIMEOUT) {
+        if (res == IDEM_UPSTREAM_TIMEOUT && r->drain_cut) {
+            /* Not the upstream's slowness: an operator reading this must
+             * not go looking for a slow upstream (and with on_unknown
+             * "complete" it is the key's stored answer). */
+            st = 504;
+            slug = "drain-timeout";
+            title = "Stopped before the upstream answered";
+            detail = "the proxy was stopping and server.drain_timeout ran out before the "
+                     "upstream answered; the outcome is unknown";
+        } else if (res == IDEM_UPSTREAM_TIMEOUT) {
             st = 504;
             slug = "upstream-timeout";
             title = "Upstream timeout";
@@ -1470,6 +1485,7 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
                          : "the upstream response exceeds upstream.max_response";
         }
         body = idem_problem_json(st, slug, title, detail, &len);
+        r->problem = slug;
         free(r->resp_body);
         r->resp_body = (uint8_t *)body;
         r->resp_len = body ? len : 0;
@@ -1526,6 +1542,7 @@ static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expir
     r->holder_lease_expires_ms = holder_lease_expires_ms;
     if (r->w->drain_forced) {
         /* The drain is over: no wait left to give; not a conflict. */
+        r->problem = "shutting-down";
         respond(r, make_shutting_down("the proxy stopped before the key's holder finished; retry"),
                 503, "unavailable");
         return;
@@ -1551,6 +1568,36 @@ static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expir
     suspend(r);
 }
 
+/*
+ * True when the client of a waiting duplicate has closed its connection
+ * (FIN or reset, nothing unread). A suspended connection is not read by
+ * libmicrohttpd, so nothing else notices: the waiter would hold its slot and
+ * its per-IP count for the whole wait and, if the holder released the key,
+ * acquire it and run the action for nobody. Like nginx (a client that closes
+ * while its request is pending aborts it), a FIN counts as gone.
+ */
+static bool waiter_gone(struct request *r)
+{
+    char b;
+    ssize_t n;
+
+    if (r->slot == NULL)
+        return false;
+    n = recv(r->slot->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* A waiting duplicate whose client left: nothing of it ran and it holds
+ * no record, so its connection is just closed (queue_answer() with no
+ * response ends it), logged as aborted. libmicrohttpd says "Application
+ * reported internal error" for that; mhd_log() leaves that line out, once
+ * per dropped waiter. */
+static void drop_waiter(struct request *r)
+{
+    r->w->quiet_app_errors++;
+    respond(r, NULL, 0, "aborted");
+}
+
 /* Reads the record without the writer and acts on it. */
 static void lookup(struct request *r)
 {
@@ -1572,6 +1619,12 @@ static void lookup(struct request *r)
         begin_or_continue_wait(r, rec.lease_expires_ms);
         break;
     case IDEM_LOOKUP_ACQUIRE:
+        if (r->state == RS_WAITING && waiter_gone(r)) {
+            /* The holder released the key after this client left: do not
+             * run the action for nobody. */
+            drop_waiter(r);
+            break;
+        }
         set_waiting(r, false);
         submit_acquire(r);
         suspend(r);
@@ -1617,12 +1670,14 @@ static void on_job(struct request *r, struct writer_job *j)
             if (r->w->draining) {
                 /* Acquired as we began to stop: give the key back. */
                 r->response = make_shutting_down("the proxy is stopping; retry");
+                r->problem = "shutting-down";
                 r->response_status = 503;
                 r->outcome = "unavailable";
                 submit_settle(r, STORE_OP_RELEASE, 0);
                 break;
             }
             if (start_upstream(r) != 0) {
+                r->problem = "upstream-request-failed";
                 r->response = make_problem(502, "upstream-request-failed",
                                            "Upstream request failed",
                                            "the request could not be forwarded");
@@ -2392,7 +2447,21 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 static void mhd_log(void *cls, const char *fm, va_list ap)
 {
-    (void)cls;
+    struct worker *w = cls;
+    /* Called on the worker's own thread, from its MHD_run(). libmicrohttpd
+     * 0.9.75 passes its messages as "%s\n" and the text. */
+    if (w != NULL && w->quiet_app_errors > 0) {
+        const char *msg = fm;
+        va_list cp;
+        va_copy(cp, ap);
+        if (strcmp(fm, "%s\n") == 0)
+            msg = va_arg(cp, const char *);
+        va_end(cp);
+        if (msg != NULL && strncmp(msg, "Application reported internal error", 35) == 0) {
+            w->quiet_app_errors--;
+            return;
+        }
+    }
     /* Clients cause most of these at will (a request cut short, a
      * malformed one): rate-limited, and never blocking the worker. */
     idem_diag_client("idemproxy: libmicrohttpd: ", fm, ap);
@@ -2579,6 +2648,7 @@ static void force_drain(struct worker *w)
     while (r != NULL) {
         struct request *next = r->next;
         if (r->state == RS_WAITING) {
+            r->problem = "shutting-down";
             respond(r,
                     make_shutting_down("the proxy stopped before the key's holder finished; "
                                        "retry"),
@@ -2588,7 +2658,9 @@ static void force_drain(struct worker *w)
             r->ux = NULL;
             upstream_finish(r, upstream_cancel(x), 0);
         } else if (r->state == RS_UPSTREAM) {
-            /* The outcome is unknown: treat it as a timeout. */
+            /* The outcome is unknown: treat it as a timeout, the proxy's
+             * own (drain_cut names it so to the client). */
+            r->drain_cut = true;
             upstream_done(r, CURLE_OPERATION_TIMEDOUT);
         }
         r = next;
@@ -2599,8 +2671,9 @@ static void force_drain(struct worker *w)
  * Shuts down the connections whose client has closed but that libmicrohttpd
  * will not read again (see struct conn_slot): those reading a request head
  * or body, or idle between requests, whose socket has the FIN and nothing
- * unread. A request further on (acquiring, waiting, in flight, answering)
- * is left alone: a client gone mid-action is handled where it is noticed.
+ * unread; and waiting duplicates whose client has gone (waiter_gone()). A
+ * request further on (acquiring, in flight, answering) is left alone: its
+ * action runs to the end whoever is still there.
  * The shutdown wakes libmicrohttpd's watch on the socket; it reads the end
  * and closes the connection as a client abort.
  */
@@ -2608,6 +2681,11 @@ static void sweep_closed(struct worker *w)
 {
     for (struct conn_slot *c = w->conns; c != NULL; c = c->next) {
         char b;
+        if (c->req != NULL && c->req->state == RS_WAITING) {
+            if (waiter_gone(c->req))
+                drop_waiter(c->req);
+            continue;
+        }
         if (c->req != NULL && c->req->state > RS_BODY)
             continue;
         if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
@@ -2943,7 +3021,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
     }
     w->mhd = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, on_accept,
-        w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        w, on_request, w, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
         MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,

@@ -84,7 +84,7 @@
 /* Space rules, see space_claim(): a completion must leave the reserve free
  * (map/256, 16..256 pages) so that purge and release can always run, and an
  * acquire must leave the reserve plus headroom (map/64, 64 KiB..1 MiB, the
- * default max_body) for the answer it leads to. */
+ * default max_body, or more: answer_keep()) for the answer it leads to. */
 #define RESERVE_MIN_PAGES 16
 #define RESERVE_MAX_PAGES 256
 #define HEADROOM_MIN_BYTES ((uint64_t)64 << 10)
@@ -137,6 +137,11 @@ struct lmdb_store {
     uint64_t page_bytes;
     uint64_t reserve_pages;
     uint64_t headroom_pages;
+    /* What answers have taken, learnt from every completion this handle
+     * attempted (see answer_keep()). Only touched inside a write
+     * transaction, like lease_random. */
+    uint64_t answer_max_pages;
+    uint64_t answer_avg_pages_x16; /* moving average, in 1/16 pages */
     _Atomic uint64_t commits;
     _Atomic uint64_t ops_committed;
     _Atomic uint64_t sweeps; /* key-order purge passes started */
@@ -796,6 +801,44 @@ static bool same_request(const struct store_record_view *cur, const struct store
     return memcmp(cur->fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES) == 0;
 }
 
+/*
+ * The room an acquire must leave for answers still to come, besides the
+ * reserve: its own answer, at least the headroom and at least the largest
+ * answer stored so far, plus one average answer for every
+ * record in flight, all processes' (the inflight table's count), whose
+ * answers are also still to come. With the headroom alone (map/64, at most
+ * 1 MiB), a store nearly full ran every new key whose answer was larger
+ * and stored none of them: each completion failed and held its key
+ * (`unstored`), the next acquire fitted again, and so on. Now a large
+ * answer stored once raises the bar for new keys, which get 503 before
+ * their action runs. Still an estimate: the first answer of a new, larger
+ * size, or a burst of them, can find no room (`unstored`, the record held,
+ * never run twice). Learnt rather than configured: the store does not know
+ * upstream.max_response, and reserving that much per request would refuse
+ * most keys of a busy proxy long before the map is full.
+ */
+static int answer_keep(struct lmdb_store *s, MDB_txn *txn, uint64_t *keep)
+{
+    MDB_stat st;
+    uint64_t own = s->headroom_pages > s->answer_max_pages ? s->headroom_pages
+                                                           : s->answer_max_pages;
+    uint64_t avg = (s->answer_avg_pages_x16 + 15) / 16;
+    int rc = map_err(LMDB_CALL(mdb_stat(txn, s->inflight, &st)));
+
+    if (rc == STORE_OK) {
+        *keep = own + (uint64_t)st.ms_entries * avg;
+    }
+    return rc;
+}
+
+static void answer_learn(struct lmdb_store *s, uint64_t pages)
+{
+    if (pages > s->answer_max_pages) {
+        s->answer_max_pages = pages;
+    }
+    s->answer_avg_pages_x16 = s->answer_avg_pages_x16 - s->answer_avg_pages_x16 / 8 + pages * 2;
+}
+
 static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
                       const struct store_op *op, struct op_result *res)
 {
@@ -826,7 +869,13 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     }
     /* Absent, COMPLETE past its TTL (absent even before a purge, seed 000),
      * or IN_PROGRESS with an expired lease: a steal. */
-    rc = space_claim(s, sp, RECORD_PAGES, s->reserve_pages + s->headroom_pages);
+    {
+        uint64_t keep = 0;
+        rc = answer_keep(s, txn, &keep);
+        if (rc == STORE_OK) {
+            rc = space_claim(s, sp, RECORD_PAGES, s->reserve_pages + keep);
+        }
+    }
     if (rc != STORE_OK) {
         goto out;
     }
@@ -917,6 +966,12 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
         }
         if (rc == STORE_OK) {
             rc = index_put(s, txn, next.expires_ms, op->key);
+        }
+        if (rc == STORE_OK) {
+            /* Only answers that fit: one that never can (larger than the
+             * map or the file system allows) must not make every new key
+             * wait for room that will never come. */
+            answer_learn(s, value_pages(s, size));
         }
         break;
     case STORE_OP_RELEASE:
@@ -2112,7 +2167,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     }
     if (lrc != 0) {
         rc = map_err(lrc);
-        snprintf(err, errlen, "store: cannot open %s: %s", opt->path, mdb_strerror(lrc));
+        snprintf(err, errlen, "store: cannot open %s (its data.mdb and lock.mdb): %s", opt->path,
+                 mdb_strerror(lrc));
         goto out;
     }
     rc = check_data_file(s, opt->path, err, errlen);
@@ -2153,6 +2209,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         clamp_u64(map_bytes / s->page_bytes / 256, RESERVE_MIN_PAGES, RESERVE_MAX_PAGES);
     s->headroom_pages =
         clamp_u64(map_bytes / 64, HEADROOM_MIN_BYTES, HEADROOM_MAX_BYTES) / s->page_bytes;
+    s->answer_max_pages = 1;
+    s->answer_avg_pages_x16 = 16;
     *impl = s;
     s = NULL;
 out:

@@ -3,14 +3,18 @@
 with the outcome of each request; keys appear only as a short hash, never
 raw."""
 
+import json
 import re
+import resource
+import signal
 import time
 import unittest
 
 import harness
 from harness import in_thread
 
-FIELDS = ("time", "method", "path", "status", "outcome", "scope", "key", "upstream_ms", "total_ms")
+FIELDS = ("time", "method", "path", "status", "outcome", "scope", "key", "upstream_ms", "total_ms",
+          "problem")
 
 
 class AccessLog(harness.ProxyTestCase):
@@ -67,10 +71,34 @@ class AccessLog(harness.ProxyTestCase):
         for e in by_outcome["passthrough"]:
             if e["method"] == "POST":
                 self.assertIsNone(e["key"])
+        # Answers the proxy made name their problem type; the upstream's
+        # own answers (its 503 included) and replays have none.
+        problems = sorted((e["status"], e["problem"]) for e in entries if e["problem"])
+        self.assertEqual(problems, [(400, "invalid-key"), (400, "key-required"),
+                                    (409, "request-in-progress"), (413, "body-too-large"),
+                                    (422, "key-reused")], entries)
+
 
         text = proxy.stdout() + proxy.stderr()
         for k in raw_keys + ["log-big", "log-get"]:
             self.assertNotIn(k, text, "raw key %s in the logs" % k)
+
+    def test_upstream_failures_are_told_apart(self):
+        # "released", status 502, for three different things: the upstream
+        # answered 502 itself; nothing was sent (refused); the connection
+        # was lost after sending (the action may have run).
+        proxy = self.start_proxy()
+        self.assertEqual(self.post(proxy, "tell-1", headers=[("X-Test-Status", "502")]).status,
+                         502)
+        self.assertEqual(self.post(proxy, "tell-2", headers=[("X-Test-Fault", "reset")]).status,
+                         502)
+        down = self.start_proxy(config=self.config(upstream_url="http://127.0.0.1:%d" % harness.closed_port()),
+                                name="down")
+        self.assertEqual(self.post(down, "tell-3").status, 502)
+        got = [(e["status"], e["outcome"], e["problem"])
+               for e in proxy.wait_access_log(2) + down.wait_access_log(1)]
+        self.assertEqual(got, [(502, "released", None), (502, "released", "upstream-broken"),
+                               (502, "released", "upstream-unreachable")])
 
     def test_lines_are_written_as_requests_happen(self):
         # A log shipper reads stdout while the proxy runs: no buffering
@@ -82,6 +110,45 @@ class AccessLog(harness.ProxyTestCase):
             time.sleep(0.05)
         self.assertEqual(len(proxy.access_log()), 1, "access log not flushed per line")
         self.assertEqual(proxy.access_log()[0]["outcome"], "forwarded")
+
+    def test_a_line_cut_by_a_full_file_is_not_glued_to_the_next(self):
+        # A full disk (here: a file size limit, raised again while the proxy
+        # runs, as space coming back) cuts a line short. The rest of it is
+        # dropped; before, the next line was then appended to the fragment,
+        # so a JSON-lines reader lost that good line too.
+        limit = 2 << 20  # room for the 1 MiB store; stdout is filled up below
+
+        def small_file():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        proxy = self.start_proxy(config=self.config(store={"map_size": "1MiB"}),
+                                 preexec_fn=small_file)
+        # The proxy appends to its stdout file: fill it to 1,000 bytes below
+        # the limit.
+        with open(proxy.stdout_path, "ab") as f:
+            f.write(b"#" * (limit - 1000 - f.tell() - 1) + b"\n")
+        for i in range(12):
+            self.assertEqual(proxy.request("GET", "/full-%d" % i).status, 201)
+        time.sleep(0.5)
+        with open(proxy.stdout_path, "rb") as f:
+            cut = f.read()
+        self.assertFalse(cut.endswith(b"\n"), "no line was cut short: %r" % cut[-200:])
+        resource.prlimit(proxy.pid, resource.RLIMIT_FSIZE,
+                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        for i in range(3):
+            self.assertEqual(proxy.request("GET", "/after-%d" % i).status, 201)
+        self.assertTrue(harness.wait_for(lambda: "/after-2" in proxy.stdout()))
+        lines = [l for l in proxy.stdout().splitlines() if not l.startswith("#")]
+        good = []
+        for line in lines:
+            self.assertLessEqual(line.count('{"time"'), 1, "two lines glued: %r" % line)
+            try:
+                good.append(json.loads(line)["path"])
+            except ValueError:
+                pass
+        self.assertEqual([p for p in good if p.startswith("/after")],
+                         ["/after-0", "/after-1", "/after-2"], lines[-5:])
+        self.assertIn("dropped", proxy.stderr())
 
     def test_access_log_false_writes_nothing(self):
         proxy = self.start_proxy(config=self.config(access_log=False))

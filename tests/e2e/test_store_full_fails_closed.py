@@ -73,6 +73,35 @@ class StoreFull(harness.ProxyTestCase):
             self.assertReplayOf(again, first)
             self.assertEqual(self.upstream.total(), before, "a replay called the upstream")
 
+    def test_answers_larger_than_the_headroom_do_not_run_unstored(self):
+        # The acquire used to leave only map/64 (here 64 KiB) for the answer
+        # it leads to: once the map was nearly full, every new key with a
+        # larger answer was forwarded and run, its completion failed, and the
+        # key was held IN_PROGRESS for the TTL (`unstored`, retries 409), one
+        # after the other, while stderr said "new keys get 503". A new key
+        # must now be refused before its action runs.
+        proxy = self.start_proxy(config=self.config(store={"map_size": "1MiB"}))
+        answer = [("X-Test-Fault", "huge"), ("X-Test-Size", str(150 * 1000))]
+        outcomes = []
+        for i in range(12):
+            key = "big-%d" % i
+            r = self.post(proxy, key, headers=answer)
+            ran = self.upstream.count(key)
+            if r.status == 503:
+                self.assertEqual(ran, 0, "a refused key ran: %r" % r)
+                outcomes.append("refused")
+                continue
+            self.assertEqual((r.status, ran), (201, 1), r)
+            again = self.post(proxy, key, headers=answer)
+            self.assertTrue(again.replayed and again.body == r.body,
+                            "key %d ran but its answer was not stored: the retry got %r"
+                            % (i, again))
+            outcomes.append("stored")
+        self.assertIn("stored", outcomes)
+        self.assertEqual(outcomes[-1], "refused", outcomes)
+        harness.wait_for(lambda: len(proxy.access_log()) >= 12)
+        self.assertNotIn("unstored", [e["outcome"] for e in proxy.access_log()])
+
     def test_map_size_below_the_data_is_said_at_start(self):
         cfg = self.config(store={"map_size": "64MiB"})
         proxy = self.start_proxy(config=cfg)
