@@ -2653,15 +2653,18 @@ static void force_drain(struct worker *w)
                     make_shutting_down("the proxy stopped before the key's holder finished; "
                                        "retry"),
                     503, "unavailable");
-        } else if (r->state == RS_UPSTREAM && r->ux != NULL) {
-            struct upstream_exchange *x = r->ux;
-            r->ux = NULL;
-            upstream_finish(r, upstream_cancel(x), 0);
         } else if (r->state == RS_UPSTREAM) {
             /* The outcome is unknown: treat it as a timeout, the proxy's
              * own (drain_cut names it so to the client). */
             r->drain_cut = true;
-            upstream_done(r, CURLE_OPERATION_TIMEDOUT);
+            if (r->ux != NULL) {
+                struct upstream_exchange *x = r->ux;
+                r->ux = NULL;
+                /* NOT_SENT when no byte left: nothing ran, released. */
+                upstream_finish(r, upstream_cancel(x), 0);
+            } else {
+                upstream_done(r, CURLE_OPERATION_TIMEDOUT);
+            }
         }
         r = next;
     }
