@@ -633,6 +633,17 @@ static int parse_upstream(json_t *v, struct config_upstream *up, struct errbuf *
                 rc = get_duration(val, field, &up->timeout_ms, e);
             } else if (strcmp(key, "max_response") == 0) {
                 rc = get_size(val, field, &up->max_response_bytes, e);
+            } else if (strcmp(key, "client") == 0) {
+                rc = get_string(val, field, &s, e);
+                if (rc == CONFIG_OK && strcmp(s, "native") == 0) {
+                    up->client = CONFIG_UPSTREAM_NATIVE;
+                } else if (rc == CONFIG_OK && strcmp(s, "libcurl") == 0) {
+                    up->client = CONFIG_UPSTREAM_LIBCURL;
+                } else if (rc == CONFIG_OK) {
+                    char q[QUOTE_LEN];
+                    config_quote(s, q, sizeof q);
+                    rc = invalid(e, field, "%s is not \"native\" or \"libcurl\"", q);
+                }
             } else {
                 rc = unknown_key(e, "upstream", key);
             }
@@ -1057,6 +1068,7 @@ static int config_alloc(struct config **out, struct errbuf *e)
     cfg->upstream.connect_timeout_ms = 5 * 1000;
     cfg->upstream.timeout_ms = 60 * 1000;
     cfg->upstream.max_response_bytes = 16 * CONFIG_MIB;
+    cfg->upstream.client = CONFIG_UPSTREAM_NATIVE;
     cfg->store.map_size_bytes = CONFIG_GIB;
     cfg->store.durability = CONFIG_DURABILITY_SYNC;
     cfg->store.sync_interval_ms = 1000;

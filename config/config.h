@@ -55,8 +55,13 @@ struct config_route {
     size_t n_strip_headers;
 };
 
+/* The HTTP client that talks to the upstream: the proxy's own minimal
+ * HTTP/1.1 client (proxy/upstream.h), or libcurl. */
+enum config_upstream_client { CONFIG_UPSTREAM_NATIVE = 0, CONFIG_UPSTREAM_LIBCURL = 1 };
+
 struct config_upstream {
     char *url; /* http://host[:port][/base] */
+    enum config_upstream_client client;
     int64_t connect_timeout_ms;
     int64_t timeout_ms;
     uint64_t max_response_bytes; /* larger responses: 502, record released */

@@ -156,6 +156,9 @@ static json_t *document(const struct config *cfg)
         put(up, "connect_timeout", duration(cfg->upstream.connect_timeout_ms), &ok);
         put(up, "timeout", duration(cfg->upstream.timeout_ms), &ok);
         put(up, "max_response", size(cfg->upstream.max_response_bytes), &ok);
+        put(up, "client",
+            json_string(cfg->upstream.client == CONFIG_UPSTREAM_NATIVE ? "native" : "libcurl"),
+            &ok);
     }
     put(root, "upstream", up, &ok);
 

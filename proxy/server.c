@@ -1,6 +1,7 @@
 /*
- * server.c - worker event loops: libmicrohttpd (external epoll) + libcurl
- * multi + the store writer. See server.h for the shape, policy.h for the
+ * server.c - worker event loops: libmicrohttpd (external epoll) + the
+ * upstream client (the native one, upstream.h, or a libcurl multi handle) +
+ * the store writer. See server.h for the shape, policy.h for the
  * decisions, CONTRACT.md section 3 for the behaviour.
  *
  * A request's life (all on its worker's thread):
@@ -14,7 +15,7 @@
  *   ACQUIRING          acquire op queued to the writer; suspended
  *   WAITING            a duplicate of a live IN_PROGRESS record; woken by a
  *                      complete/release in this process, or polls (backoff)
- *   UPSTREAM           curl transfer; the lease is extended by heartbeats
+ *   UPSTREAM           upstream exchange; the lease is extended by heartbeats
  *   FINISHING          complete/release op queued; answered only after the
  *                      writer committed it (durable before the client hears)
  *   RESPOND            resumed; the handler queues the response
@@ -49,6 +50,7 @@
 #include "diag.h"
 #include "fault.h"
 #include "policy.h"
+#include "upstream.h"
 #include "writer.h"
 
 #define TICK_MS 10
@@ -63,6 +65,8 @@
 #define ACCESS_LOG_STOP_FLUSH_MS 2000
 #define MAX_EVENTS 128
 #define EASY_POOL_MAX 256
+/* Idle keep-alive connections the native client keeps per worker. */
+#define UPSTREAM_IDLE_MAX 64
 /* A rejected upload the proxy stops reading is answered and then read and
  * discarded for a while before the socket is closed (a "lingering close",
  * RFC 9112 section 9.6): closing with unread bytes makes the kernel send a
@@ -76,7 +80,7 @@
 #define DRAIN_GRACE_MS 1000
 
 /* What an epoll event is about: data.u64 = kind | fd << 8. */
-enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL, EP_LINGER };
+enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL, EP_LINGER, EP_UPSTREAM };
 
 static uint64_t ep_data(enum ep_kind kind, int fd)
 {
@@ -196,6 +200,7 @@ struct request {
 
     CURL *easy;
     struct curl_slist *curl_headers;
+    struct upstream_exchange *ux; /* the native client's exchange */
     struct idem_headers resp_headers;
     int resp_status;
     uint8_t *resp_body;
@@ -239,7 +244,8 @@ struct worker {
     struct MHD_Daemon *mhd;
     struct conn_slot *conns; /* open client connections */
     int64_t next_sweep_ms;
-    CURLM *multi;
+    CURLM *multi;             /* upstream.client "libcurl" */
+    struct upstream_pool *pool; /* upstream.client "native" */
     int64_t curl_deadline_ms; /* monotonic; -1 = none */
     struct curl_sock *socks; /* indexed by descriptor, sized at start-up */
     size_t n_socks;
@@ -290,6 +296,7 @@ struct proxy_server {
     pthread_mutex_t ip_lock;
     struct ip_count *ip_buckets[IP_BUCKETS];
     char *upstream_base; /* upstream URL without trailing slash */
+    struct upstream_origin *origin; /* the native client's; NULL with libcurl */
     struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
 };
@@ -440,6 +447,8 @@ static void request_free(struct request *r)
         curl_multi_remove_handle(r->w->multi, r->easy);
         curl_easy_cleanup(r->easy);
     }
+    if (r->ux != NULL)
+        upstream_cancel(r->ux);
     curl_slist_free_all(r->curl_headers);
     idem_headers_clear(&r->headers);
     idem_headers_clear(&r->resp_headers);
@@ -1119,6 +1128,39 @@ static int on_upstream_prereq(void *clientp, char *conn_primary_ip, char *conn_l
     return CURL_PREREQFUNC_OK;
 }
 
+/* The native client (upstream.h): the same request libcurl wrote. */
+static int start_native(struct request *r, const struct idem_headers *fwd)
+{
+    bool get = strcmp(r->method, "GET") == 0;
+    bool head = strcmp(r->method, "HEAD") == 0;
+    struct upstream_request req = {
+        .method = r->method,
+        .target = r->target,
+        .target_len = r->target_len,
+        .headers = fwd,
+        /* libcurl sent no body with HEAD (CURLOPT_NOBODY), and a
+         * Content-Length with any body, and with POST, PUT and PATCH
+         * always, even 0. */
+        .body = head ? NULL : r->body,
+        .body_len = head ? 0 : r->body_len,
+        .send_length = !head && !(get && r->body_len == 0) &&
+                       (r->body_len > 0 || strcmp(r->method, "POST") == 0 ||
+                        strcmp(r->method, "PUT") == 0 || strcmp(r->method, "PATCH") == 0),
+        /* See on_upstream_prereq(): only an idempotent unkeyed request may
+         * be sent a second time. */
+        .may_retry = !r->keyed && method_is_idempotent(r->method),
+    };
+    int rc = upstream_start(r->w->pool, &req, r, &r->ux);
+
+    if (rc == 0) {
+        r->upstream_start_ms = mono_ms();
+        r->state = RS_UPSTREAM;
+        if (r->keyed)
+            r->next_hb_ms = mono_ms() + r->route->heartbeat_ms;
+    }
+    return rc;
+}
+
 static int start_upstream(struct request *r)
 {
     const struct config *cfg = r->w->srv->cfg;
@@ -1144,6 +1186,10 @@ static int start_upstream(struct request *r)
     info.client_addr = addr;
     if (idem_filter_request_headers(&r->headers, &info, &fwd) != 0)
         goto out;
+    if (r->w->pool != NULL) {
+        rc = start_native(r, &fwd);
+        goto out;
+    }
     for (size_t i = 0; i < fwd.n; i++) {
         const struct idem_header *h = &fwd.v[i];
         size_t l = h->name_len + h->value_len + 3;
@@ -1334,14 +1380,13 @@ static int prepare_store_payload(struct request *r, const struct idem_headers *s
     return rc;
 }
 
+static void upstream_finish(struct request *r, enum idem_upstream_result res, long status);
+
 static void upstream_done(struct request *r, CURLcode code)
 {
     enum idem_upstream_result res = classify(r, code);
     long status = 0;
-    struct MHD_Response *resp = NULL;
-    const char *outcome = r->keyed ? "forwarded" : "passthrough";
 
-    r->upstream_ms = mono_ms_f() - (double)r->upstream_start_ms;
     if (res == IDEM_UPSTREAM_RESPONSE) {
         curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
         if (status < 100 || status > 599) {
@@ -1354,7 +1399,52 @@ static void upstream_done(struct request *r, CURLcode code)
     r->easy = NULL;
     curl_slist_free_all(r->curl_headers);
     r->curl_headers = NULL;
+    upstream_finish(r, res, status);
+}
 
+/* A native exchange ended: its answer becomes the request's (the headers
+ * and body are taken over, not copied). */
+static void native_done(struct upstream_exchange *x)
+{
+    struct request *r = upstream_exchange_ctx(x);
+    enum idem_upstream_result res = upstream_exchange_result(x);
+    struct upstream_response *resp = upstream_exchange_response(x);
+    long status = 0;
+
+    r->ux = NULL;
+    if (res == IDEM_UPSTREAM_RESPONSE) {
+        status = resp->status;
+        idem_headers_clear(&r->resp_headers);
+        r->resp_headers = resp->headers;
+        memset(&resp->headers, 0, sizeof(resp->headers));
+        free(r->resp_body);
+        r->resp_body = resp->body;
+        r->resp_len = resp->body_len;
+        r->resp_cap = resp->body_cap;
+        resp->body = NULL;
+        resp->body_len = resp->body_cap = 0;
+    } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
+        r->resp_headers_too_large = resp->headers_too_large;
+    }
+    upstream_exchange_free(x);
+    upstream_finish(r, res, status);
+}
+
+static void native_check_done(struct worker *w)
+{
+    struct upstream_exchange *x;
+    while ((x = upstream_take_done(w->pool)) != NULL)
+        native_done(x);
+}
+
+/* After the exchange, whichever client ran it: the client's answer, and
+ * the record's complete or release. */
+static void upstream_finish(struct request *r, enum idem_upstream_result res, long status)
+{
+    struct MHD_Response *resp = NULL;
+    const char *outcome = r->keyed ? "forwarded" : "passthrough";
+
+    r->upstream_ms = mono_ms_f() - (double)r->upstream_start_ms;
     if (res == IDEM_UPSTREAM_RESPONSE) {
         r->resp_status = (int)status;
         resp = response_from_upstream(r);
@@ -2567,7 +2657,14 @@ static void force_drain(struct worker *w)
             /* The outcome is unknown: treat it as a timeout, the proxy's
              * own (drain_cut names it so to the client). */
             r->drain_cut = true;
-            upstream_done(r, CURLE_OPERATION_TIMEDOUT);
+            if (r->ux != NULL) {
+                struct upstream_exchange *x = r->ux;
+                r->ux = NULL;
+                /* NOT_SENT when no byte left: nothing ran, released. */
+                upstream_finish(r, upstream_cancel(x), 0);
+            } else {
+                upstream_done(r, CURLE_OPERATION_TIMEDOUT);
+            }
         }
         r = next;
     }
@@ -2653,6 +2750,11 @@ static void *worker_main(void *arg)
             if (d < timeout)
                 timeout = (int)d;
         }
+        if (w->pool != NULL) {
+            int64_t d = upstream_next_timeout_ms(w->pool, now);
+            if (d >= 0 && d < timeout)
+                timeout = (int)d;
+        }
         if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < timeout)
             timeout = (int)mhd_to;
         if ((w->draining || w->n_lingering > 0) && timeout > 100)
@@ -2671,16 +2773,23 @@ static void *worker_main(void *arg)
                 drain_inbox(w);
             else if (kind == EP_LINGER)
                 linger_event(w, (int)(d >> 8), evs[i].events);
+            else if (kind == EP_UPSTREAM)
+                upstream_event(w->pool, (int)(d >> 8), evs[i].events);
             else
                 curl_sock_event(w, (int)(d >> 8), evs[i].events);
         }
         now = mono_ms();
-        if (w->curl_deadline_ms >= 0 && now >= w->curl_deadline_ms) {
-            int running;
-            w->curl_deadline_ms = -1;
-            curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        if (w->pool != NULL) {
+            upstream_expire(w->pool, now);
+            native_check_done(w);
+        } else {
+            if (w->curl_deadline_ms >= 0 && now >= w->curl_deadline_ms) {
+                int running;
+                w->curl_deadline_ms = -1;
+                curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+            }
+            curl_check_done(w);
         }
-        curl_check_done(w);
         if (w->n_lingering > 0)
             linger_expire(w, now, false);
         if (now >= next_tick) {
@@ -2940,12 +3049,26 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         snprintf(err, errlen, "epoll: %s", strerror(errno));
         return -1;
     }
-    w->multi = curl_multi_init();
-    if (w->multi == NULL) {
-        snprintf(err, errlen, "libcurl: cannot create a multi handle");
-        return -1;
+    if (w->srv->origin != NULL) {
+        struct upstream_options uo = {
+            .connect_timeout_ms = cfg->upstream.connect_timeout_ms,
+            .timeout_ms = cfg->upstream.timeout_ms,
+            .max_header_bytes = response_header_max(cfg),
+            .max_response_bytes = cfg->upstream.max_response_bytes,
+            .max_idle = UPSTREAM_IDLE_MAX,
+        };
+        if (upstream_pool_new(w->srv->origin, &uo, w->epfd, EP_UPSTREAM, &w->pool) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    } else {
+        w->multi = curl_multi_init();
+        if (w->multi == NULL) {
+            snprintf(err, errlen, "libcurl: cannot create a multi handle");
+            return -1;
+        }
     }
-    {
+    if (w->multi != NULL) {
         /* The socket table covers every descriptor the process may open, so
          * libcurl's socket callback never allocates (a failed allocation
          * there left a transfer hanging). */
@@ -2974,11 +3097,13 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
         MHD_add_response_header(w->oom_response, "Retry-After", "1");
         MHD_add_response_header(w->oom_response, "Connection", "close");
     }
-    curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, curl_socket_cb);
-    curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
-    curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, curl_timer_cb);
-    curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
-    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)curl_cache);
+    if (w->multi != NULL) {
+        curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, curl_socket_cb);
+        curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
+        curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, curl_timer_cb);
+        curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
+        curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)curl_cache);
+    }
     return 0;
 }
 
@@ -3015,6 +3140,8 @@ static void worker_fini(struct worker *w)
         curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi != NULL)
         curl_multi_cleanup(w->multi);
+    upstream_pool_free(w->pool);
+    w->pool = NULL;
     free(w->socks);
     if (w->oom_response != NULL)
         MHD_destroy_response(w->oom_response);
@@ -3059,6 +3186,9 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         while (l > 0 && srv->upstream_base[l - 1] == '/')
             srv->upstream_base[--l] = '\0';
     }
+    if (cfg->upstream.client == CONFIG_UPSTREAM_NATIVE &&
+        upstream_origin_new(srv->upstream_base, &srv->origin, err, errlen) != 0)
+        goto fail;
     for (unsigned i = 0; i < n; i++) {
         srv->workers[i].srv = srv;
         srv->workers[i].index = (int)i;
@@ -3113,6 +3243,10 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         format_address(&ss, host, sizeof(host), &port);
         fprintf(stderr, "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s\n",
                 host, port, n, srv->upstream_base, cfg->store.path);
+        if (srv->origin != NULL && !upstream_origin_resolved(srv->origin))
+            fprintf(stderr,
+                    "idemproxy: warning: the upstream's host does not resolve; every forwarded "
+                    "request gets 502 until a restart resolves it\n");
     }
     *out = srv;
     return 0;
@@ -3135,6 +3269,7 @@ fail:
         proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
         free(srv->workers);
         free(srv->upstream_base);
+        upstream_origin_free(srv->origin);
         ip_table_free(srv);
         free(srv);
     }
@@ -3180,6 +3315,7 @@ int proxy_server_join(struct proxy_server *srv)
     proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
     free(srv->workers);
     free(srv->upstream_base);
+    upstream_origin_free(srv->origin);
     ip_table_free(srv);
     free(srv);
     return 0;

@@ -349,8 +349,9 @@ def in_thread(fn, *args, **kwargs):
 class Upstream:
     """tests/upstream/upstream.py in a child process."""
 
-    def __init__(self, workdir, name="upstream"):
+    def __init__(self, workdir, name="upstream", host="127.0.0.1"):
         self.workdir = workdir
+        self.host = host  # "::1" for an IPv6 upstream
         self.port_file = os.path.join(workdir, name + ".port")
         self.log_path = os.path.join(workdir, name + ".executions.jsonl")
         self.stderr_path = os.path.join(workdir, name + ".stderr")
@@ -359,12 +360,15 @@ class Upstream:
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d" % self.port
+        if ":" in self.host:
+            return "http://[%s]:%d" % (self.host, self.port)
+        return "http://%s:%d" % (self.host, self.port)
 
     def start(self):
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, UPSTREAM_PY, "--listen", "127.0.0.1:0",
+                [sys.executable, UPSTREAM_PY, "--listen",
+                 ("[%s]:0" if ":" in self.host else "%s:0") % self.host,
                  "--port-file", self.port_file, "--log", self.log_path],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -422,6 +426,14 @@ class Proxy:
         self.env = env  # None: this process's environment
         self.preexec_fn = preexec_fn  # run in the child before exec (limits)
         self.config = json.loads(json.dumps(config))
+        # IDEMPROXY_UPSTREAM_CLIENT=native|libcurl runs every scenario with
+        # that upstream client (a config that names one keeps it).
+        client = os.environ.get("IDEMPROXY_UPSTREAM_CLIENT")
+        up = self.config.get("upstream")
+        if client and isinstance(up, str):
+            self.config["upstream"] = {"url": up, "client": client}
+        elif client and isinstance(up, dict):
+            up.setdefault("client", client)
         self.name = name
         self.args = list(args)
         self.config_path = os.path.join(workdir, name + ".json")

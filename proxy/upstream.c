@@ -1,0 +1,1255 @@
+/*
+ * upstream.c - the native HTTP/1.1 upstream client (see upstream.h).
+ *
+ * An exchange's life, all on its worker's thread:
+ *
+ *   upstream_start   request head built once (one allocation); an idle
+ *                    pooled connection taken, or a new one connected
+ *                    (non-blocking); the head and body written at once,
+ *                    the rest on EPOLLOUT
+ *   reading          bytes read into the connection's buffer and parsed
+ *                    (upstream_parse); the body copied into the response
+ *   done             moved to the pool's done list; the connection goes
+ *                    back to the idle pool when the answer allows it
+ *
+ * A connection is registered in epoll once, for as long as it is open:
+ * EPOLLIN | EPOLLRDHUP while idle or waiting for the answer (an idle
+ * connection with news has been closed by the upstream: it is closed here
+ * too), EPOLLOUT while connecting or while the request does not fit in the
+ * socket buffer. Reusing a connection costs no epoll_ctl at all.
+ */
+#define _GNU_SOURCE 1
+#include "upstream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the response parser ------------------------------------------------ */
+
+enum parse_state {
+    PS_STATUS = 0,
+    PS_HEADERS,
+    PS_BODY_LENGTH,
+    PS_BODY_CLOSE,
+    PS_CHUNK_SIZE,
+    PS_CHUNK_DATA,
+    PS_CHUNK_END,
+    PS_TRAILERS,
+    PS_DONE,
+};
+
+void upstream_parser_init(struct upstream_parser *p, bool no_body_request, size_t max_header_bytes,
+                          uint64_t max_body_bytes)
+{
+    memset(p, 0, sizeof(*p));
+    p->state = PS_STATUS;
+    p->no_body_request = no_body_request;
+    p->max_header_bytes = max_header_bytes;
+    p->max_body_bytes = max_body_bytes;
+}
+
+void upstream_parser_clear(struct upstream_parser *p)
+{
+    idem_headers_clear(&p->resp.headers);
+    free(p->resp.body);
+    p->resp.body = NULL;
+    p->resp.body_len = p->resp.body_cap = 0;
+}
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static bool name_is(const char *name, size_t len, const char *want)
+{
+    return len == strlen(want) && strncasecmp(name, want, len) == 0;
+}
+
+/* Does a comma-separated list contain token (case-insensitive)? */
+static bool list_has(const char *v, size_t len, const char *token)
+{
+    size_t tl = strlen(token);
+    size_t i = 0;
+
+    while (i < len) {
+        size_t s, e;
+        while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        s = i;
+        while (i < len && v[i] != ',')
+            i++;
+        e = i;
+        while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+            e--;
+        if (e - s == tl && strncasecmp(v + s, token, tl) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Is the last coding of a Transfer-Encoding value "chunked"? */
+static bool last_coding_chunked(const char *v, size_t len)
+{
+    size_t e = len, s;
+
+    while (e > 0 && (v[e - 1] == ' ' || v[e - 1] == '\t' || v[e - 1] == ','))
+        e--;
+    s = e;
+    while (s > 0 && v[s - 1] != ',')
+        s--;
+    while (s < e && (v[s] == ' ' || v[s] == '\t'))
+        s++;
+    return e - s == 7 && strncasecmp(v + s, "chunked", 7) == 0;
+}
+
+static enum upstream_parse_rc body_reserve(struct upstream_parser *p, size_t more)
+{
+    struct upstream_response *r = &p->resp;
+    size_t need = r->body_len + more;
+    size_t cap;
+    uint8_t *nb;
+
+    if (need <= r->body_cap)
+        return UPSTREAM_PARSE_MORE;
+    cap = r->body_cap ? r->body_cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    if ((uint64_t)cap > p->max_body_bytes && (uint64_t)need <= p->max_body_bytes)
+        cap = (size_t)p->max_body_bytes;
+    nb = realloc(r->body, cap);
+    if (nb == NULL)
+        return UPSTREAM_PARSE_NOMEM;
+    r->body = nb;
+    r->body_cap = cap;
+    return UPSTREAM_PARSE_MORE;
+}
+
+static enum upstream_parse_rc body_append(struct upstream_parser *p, const char *b, size_t n)
+{
+    enum upstream_parse_rc rc;
+
+    if ((uint64_t)p->resp.body_len + n > p->max_body_bytes)
+        return UPSTREAM_PARSE_TOO_LARGE;
+    rc = body_reserve(p, n);
+    if (rc != UPSTREAM_PARSE_MORE)
+        return rc;
+    memcpy(p->resp.body + p->resp.body_len, b, n);
+    p->resp.body_len += n;
+    return UPSTREAM_PARSE_MORE;
+}
+
+/* "HTTP/1.x SSS[ reason]" (RFC 9112 section 4). */
+static enum upstream_parse_rc parse_status_line(struct upstream_parser *p, const char *l, size_t n)
+{
+    int status;
+
+    if (n < 12 || memcmp(l, "HTTP/1.", 7) != 0 || !is_digit(l[7]) || l[8] != ' ' ||
+        !is_digit(l[9]) || !is_digit(l[10]) || !is_digit(l[11]) || (n > 12 && l[12] != ' '))
+        return UPSTREAM_PARSE_BROKEN;
+    status = (l[9] - '0') * 100 + (l[10] - '0') * 10 + (l[11] - '0');
+    if (status < 100 || status > 599)
+        return UPSTREAM_PARSE_BROKEN;
+    p->resp.status = status;
+    p->resp.minor_version = l[7] - '0';
+    /* A new status line (after a 1xx): start the header list again. */
+    idem_headers_clear(&p->resp.headers);
+    p->chunked = p->has_length = p->conn_close = false;
+    p->length = 0;
+    p->state = PS_HEADERS;
+    return UPSTREAM_PARSE_MORE;
+}
+
+static enum upstream_parse_rc too_large_head(struct upstream_parser *p)
+{
+    p->resp.headers_too_large = true;
+    return UPSTREAM_PARSE_TOO_LARGE;
+}
+
+/* Checks framing after a Content-Length or Transfer-Encoding field. */
+static enum upstream_parse_rc check_framing(struct upstream_parser *p)
+{
+    const struct idem_headers *h = &p->resp.headers;
+    const struct idem_header *cl = NULL;
+    bool te = false;
+
+    p->chunked = false;
+    for (size_t i = 0; i < h->n; i++) {
+        const struct idem_header *f = &h->v[i];
+        if (name_is(f->name, f->name_len, "Content-Length")) {
+            /* Two differing values (RFC 9112 section 6.3): the outcome
+             * is unknown, not a response. */
+            if (cl != NULL && strcmp(cl->value, f->value) != 0)
+                return UPSTREAM_PARSE_BROKEN;
+            cl = f;
+        } else if (name_is(f->name, f->name_len, "Transfer-Encoding")) {
+            te = true;
+            p->chunked = last_coding_chunked(f->value, f->value_len);
+        }
+    }
+    if (cl != NULL && te)
+        return UPSTREAM_PARSE_BROKEN;
+    if (cl != NULL) {
+        uint64_t v = 0;
+        if (cl->value_len == 0 || cl->value_len > 18)
+            return UPSTREAM_PARSE_BROKEN;
+        for (size_t i = 0; i < cl->value_len; i++) {
+            if (!is_digit(cl->value[i]))
+                return UPSTREAM_PARSE_BROKEN;
+            v = v * 10 + (uint64_t)(cl->value[i] - '0');
+        }
+        p->has_length = true;
+        p->length = v;
+    }
+    return UPSTREAM_PARSE_MORE;
+}
+
+static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const char *l, size_t n)
+{
+    struct idem_headers *h = &p->resp.headers;
+    const char *colon;
+    const char *v;
+    size_t name_len, vlen;
+
+    if (l[0] == ' ' || l[0] == '\t') {
+        /* obs-fold (RFC 9112 section 5.2): a proxy replaces it with a
+         * space. */
+        v = l;
+        vlen = n;
+        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
+            v++;
+            vlen--;
+        }
+        while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+            vlen--;
+        if (vlen == 0 || h->n == 0)
+            return UPSTREAM_PARSE_MORE;
+        if (h->bytes + 4 * h->n + 1 + vlen > p->max_header_bytes)
+            return too_large_head(p);
+        if (idem_headers_extend_last(h, v, vlen) != 0)
+            return UPSTREAM_PARSE_NOMEM;
+        return UPSTREAM_PARSE_MORE;
+    }
+    colon = memchr(l, ':', n);
+    if (colon == NULL || colon == l)
+        return UPSTREAM_PARSE_MORE; /* not a field: ignored, as libcurl did */
+    name_len = (size_t)(colon - l);
+    v = colon + 1;
+    vlen = n - name_len - 1;
+    /* "Name : value": a proxy removes the white space before the colon
+     * (RFC 9112 section 5.1) rather than lose the field. */
+    while (name_len > 0 && (l[name_len - 1] == ' ' || l[name_len - 1] == '\t'))
+        name_len--;
+    if (name_len == 0)
+        return UPSTREAM_PARSE_MORE;
+    while (vlen > 0 && (*v == ' ' || *v == '\t')) {
+        v++;
+        vlen--;
+    }
+    while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+        vlen--;
+    /* The header block as the client's answer will carry it must fit
+     * max_header_bytes (see response_header_max() in server.c). */
+    if (h->bytes + 4 * h->n + 4 + n > p->max_header_bytes)
+        return too_large_head(p);
+    if (idem_headers_push(h, l, name_len, v, vlen) != 0)
+        return UPSTREAM_PARSE_NOMEM;
+    if (name_is(l, name_len, "Content-Length") || name_is(l, name_len, "Transfer-Encoding"))
+        return check_framing(p);
+    if (name_is(l, name_len, "Connection") && list_has(v, vlen, "close"))
+        p->conn_close = true;
+    return UPSTREAM_PARSE_MORE;
+}
+
+/* The empty line that ends a header section (RFC 9112 section 6.3). */
+static enum upstream_parse_rc end_of_head(struct upstream_parser *p)
+{
+    bool te = idem_headers_find(&p->resp.headers, "Transfer-Encoding") != NULL;
+    int st = p->resp.status;
+
+    if (st < 200) {
+        /* An interim answer (100, 103...): skipped; the final one follows. */
+        idem_headers_clear(&p->resp.headers);
+        p->state = PS_STATUS;
+        return UPSTREAM_PARSE_MORE;
+    }
+    if (p->no_body_request || st == 204 || st == 304) {
+        p->state = PS_DONE;
+        return UPSTREAM_PARSE_DONE;
+    }
+    if (p->chunked) {
+        p->state = PS_CHUNK_SIZE;
+    } else if (te) {
+        /* A coding other than chunked last: read until close. */
+        p->state = PS_BODY_CLOSE;
+    } else if (p->has_length) {
+        enum upstream_parse_rc rc;
+        if (p->length > p->max_body_bytes)
+            return UPSTREAM_PARSE_TOO_LARGE;
+        if (p->length == 0) {
+            p->state = PS_DONE;
+            return UPSTREAM_PARSE_DONE;
+        }
+        rc = body_reserve(p, (size_t)p->length);
+        if (rc != UPSTREAM_PARSE_MORE)
+            return rc;
+        p->remaining = p->length;
+        p->state = PS_BODY_LENGTH;
+    } else {
+        p->state = PS_BODY_CLOSE;
+    }
+    return UPSTREAM_PARSE_MORE;
+}
+
+/* chunk-size [ chunk-ext ] (RFC 9112 section 7.1); extensions ignored. */
+static enum upstream_parse_rc parse_chunk_size(struct upstream_parser *p, const char *l, size_t n)
+{
+    uint64_t v = 0;
+    size_t i = 0;
+
+    while (i < n && hex_value(l[i]) >= 0) {
+        if (i >= 15)
+            return UPSTREAM_PARSE_BROKEN;
+        v = v * 16 + (uint64_t)hex_value(l[i]);
+        i++;
+    }
+    if (i == 0 || (i < n && l[i] != ';' && l[i] != ' ' && l[i] != '\t'))
+        return UPSTREAM_PARSE_BROKEN;
+    if (v == 0) {
+        p->state = PS_TRAILERS;
+        return UPSTREAM_PARSE_MORE;
+    }
+    if ((uint64_t)p->resp.body_len + v > p->max_body_bytes)
+        return UPSTREAM_PARSE_TOO_LARGE;
+    p->remaining = v;
+    p->state = PS_CHUNK_DATA;
+    return UPSTREAM_PARSE_MORE;
+}
+
+static enum upstream_parse_rc parse_line(struct upstream_parser *p, const char *l, size_t n)
+{
+    enum upstream_parse_rc rc = UPSTREAM_PARSE_MORE;
+
+    switch (p->state) {
+    case PS_STATUS:
+        rc = parse_status_line(p, l, n);
+        break;
+    case PS_HEADERS:
+        rc = n == 0 ? end_of_head(p) : parse_field_line(p, l, n);
+        break;
+    case PS_CHUNK_SIZE:
+        rc = parse_chunk_size(p, l, n);
+        break;
+    case PS_CHUNK_END:
+        if (n != 0)
+            rc = UPSTREAM_PARSE_BROKEN;
+        else
+            p->state = PS_CHUNK_SIZE;
+        break;
+    case PS_TRAILERS:
+        /* Trailer fields are dropped (RFC 9110 section 6.5.1), but their
+         * size is bounded like a header block's. */
+        if (n == 0) {
+            p->state = PS_DONE;
+            rc = UPSTREAM_PARSE_DONE;
+        } else {
+            p->trailer_bytes += n + 4;
+            if (p->trailer_bytes > p->max_header_bytes)
+                rc = too_large_head(p);
+        }
+        break;
+    default:
+        rc = UPSTREAM_PARSE_BROKEN;
+        break;
+    }
+    return rc;
+}
+
+static size_t line_limit(const struct upstream_parser *p)
+{
+    if (p->state == PS_CHUNK_SIZE || p->state == PS_CHUNK_END)
+        return UPSTREAM_MAX_CHUNK_LINE;
+    return p->max_header_bytes + 2;
+}
+
+enum upstream_parse_rc upstream_parse(struct upstream_parser *p, const char *buf, size_t len,
+                                      size_t *used)
+{
+    enum upstream_parse_rc rc = UPSTREAM_PARSE_MORE;
+    size_t off = 0;
+
+    if (len > 0 && p->state != PS_DONE)
+        p->seen_byte = true;
+    while (rc == UPSTREAM_PARSE_MORE && off < len && p->state != PS_DONE) {
+        if (p->state == PS_BODY_LENGTH || p->state == PS_CHUNK_DATA) {
+            size_t k = len - off;
+            if ((uint64_t)k > p->remaining)
+                k = (size_t)p->remaining;
+            rc = body_append(p, buf + off, k);
+            off += k;
+            p->remaining -= k;
+            if (rc == UPSTREAM_PARSE_MORE && p->remaining == 0) {
+                if (p->state == PS_CHUNK_DATA) {
+                    p->state = PS_CHUNK_END;
+                } else {
+                    p->state = PS_DONE;
+                    rc = UPSTREAM_PARSE_DONE;
+                }
+            }
+        } else if (p->state == PS_BODY_CLOSE) {
+            rc = body_append(p, buf + off, len - off);
+            off = len;
+        } else {
+            const char *l = buf + off;
+            const char *nl = memchr(l, '\n', len - off);
+            size_t n;
+            if (nl == NULL) {
+                if (len - off > line_limit(p))
+                    rc = p->state == PS_CHUNK_SIZE || p->state == PS_CHUNK_END
+                             ? UPSTREAM_PARSE_BROKEN
+                             : too_large_head(p);
+                break;
+            }
+            n = (size_t)(nl - l);
+            off += n + 1;
+            if (n > line_limit(p)) {
+                rc = p->state == PS_CHUNK_SIZE || p->state == PS_CHUNK_END ? UPSTREAM_PARSE_BROKEN
+                                                                           : too_large_head(p);
+                break;
+            }
+            if (n > 0 && l[n - 1] == '\r')
+                n--;
+            rc = parse_line(p, l, n);
+        }
+    }
+    if (rc == UPSTREAM_PARSE_MORE && p->state == PS_DONE)
+        rc = UPSTREAM_PARSE_DONE;
+    *used = off;
+    return rc;
+}
+
+enum upstream_parse_rc upstream_parse_eof(struct upstream_parser *p)
+{
+    if (p->state == PS_BODY_CLOSE) {
+        p->conn_close = true;
+        p->state = PS_DONE;
+    }
+    return p->state == PS_DONE ? UPSTREAM_PARSE_DONE : UPSTREAM_PARSE_BROKEN;
+}
+
+bool upstream_parse_keep_alive(const struct upstream_parser *p)
+{
+    return p->state == PS_DONE && p->resp.minor_version >= 1 && !p->conn_close;
+}
+
+/* ---- the origin ------------------------------------------------------------ */
+
+struct upstream_origin {
+    struct addrinfo *addrs; /* NULL: the name did not resolve */
+    char *host_header;      /* "host[:port]", as libcurl wrote it */
+    size_t host_header_len;
+    char *base; /* the URL's path, without trailing slashes ("" for none) */
+    size_t base_len;
+};
+
+int upstream_origin_new(const char *url, struct upstream_origin **out, char *err, size_t errlen)
+{
+    struct upstream_origin *o = NULL;
+    struct addrinfo hints = {0};
+    const char *auth, *path, *host, *port = NULL;
+    char hostbuf[256], portbuf[8];
+    size_t auth_len, host_len;
+    int rc = -1;
+
+    *out = NULL;
+    if (strncmp(url, "http://", 7) != 0) {
+        snprintf(err, errlen, "upstream: not an http:// URL");
+        goto out;
+    }
+    auth = url + 7;
+    auth_len = strcspn(auth, "/");
+    path = auth + auth_len;
+    host = auth;
+    host_len = auth_len;
+    if (auth[0] == '[') {
+        const char *end = memchr(auth, ']', auth_len);
+        if (end == NULL)
+            goto bad;
+        host = auth + 1;
+        host_len = (size_t)(end - host);
+        if (end + 1 < auth + auth_len) {
+            if (end[1] != ':')
+                goto bad;
+            port = end + 2;
+        }
+    } else {
+        const char *colon = memchr(auth, ':', auth_len);
+        if (colon != NULL) {
+            host_len = (size_t)(colon - auth);
+            port = colon + 1;
+        }
+    }
+    if (host_len == 0 || host_len >= sizeof(hostbuf))
+        goto bad;
+    memcpy(hostbuf, host, host_len);
+    hostbuf[host_len] = '\0';
+    if (port != NULL) {
+        size_t pl = (size_t)(auth + auth_len - port);
+        if (pl == 0 || pl >= sizeof(portbuf))
+            goto bad;
+        memcpy(portbuf, port, pl);
+        portbuf[pl] = '\0';
+    } else {
+        strcpy(portbuf, "80");
+    }
+    o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        goto nomem;
+    {
+        /* libcurl's Host: the host as written (IPv6 in brackets), plus
+         * ":port" unless it is the scheme's default. */
+        bool v6 = auth[0] == '[';
+        bool dflt = strtol(portbuf, NULL, 10) == 80;
+        size_t l = host_len + (v6 ? 2 : 0) + (dflt ? 0 : 1 + strlen(portbuf));
+        o->host_header = malloc(l + 1);
+        if (o->host_header == NULL)
+            goto nomem;
+        snprintf(o->host_header, l + 1, "%s%s%s%s%s", v6 ? "[" : "", hostbuf, v6 ? "]" : "",
+                 dflt ? "" : ":", dflt ? "" : portbuf);
+        o->host_header_len = strlen(o->host_header);
+    }
+    o->base_len = strlen(path);
+    while (o->base_len > 0 && path[o->base_len - 1] == '/')
+        o->base_len--;
+    o->base = malloc(o->base_len + 1);
+    if (o->base == NULL)
+        goto nomem;
+    memcpy(o->base, path, o->base_len);
+    o->base[o->base_len] = '\0';
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    if (getaddrinfo(hostbuf, portbuf, &hints, &o->addrs) != 0)
+        o->addrs = NULL; /* every exchange: NOT_SENT, see upstream.h */
+    *out = o;
+    o = NULL;
+    rc = 0;
+    goto out;
+bad:
+    snprintf(err, errlen, "upstream: invalid URL");
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory");
+out:
+    upstream_origin_free(o);
+    return rc;
+}
+
+bool upstream_origin_resolved(const struct upstream_origin *o)
+{
+    return o->addrs != NULL;
+}
+
+void upstream_origin_free(struct upstream_origin *o)
+{
+    if (o == NULL)
+        return;
+    if (o->addrs != NULL)
+        freeaddrinfo(o->addrs);
+    free(o->host_header);
+    free(o->base);
+    free(o);
+}
+
+/* ---- connections and exchanges -------------------------------------------- */
+
+struct upstream_conn {
+    int fd;
+    bool connecting;
+    unsigned uses; /* exchanges answered on it */
+    uint32_t events;
+    const struct addrinfo *addr;       /* the address it connects to */
+    struct upstream_exchange *x;       /* NULL while idle */
+    struct upstream_conn *prev, *next; /* idle list */
+    size_t len, cap;
+    char buf[]; /* read buffer, cap bytes */
+};
+
+enum x_list { XL_NONE = 0, XL_FLIGHT, XL_DONE };
+
+struct upstream_exchange {
+    struct upstream_pool *pool;
+    void *ctx;
+    struct upstream_conn *conn;
+    char *head;
+    size_t head_len;
+    const uint8_t *body;
+    size_t body_len;
+    size_t written;    /* of head + body, on the current connection */
+    bool ever_written; /* a request byte left on some connection */
+    bool may_retry;
+    bool retried;
+    int64_t deadline_ms;
+    int64_t connect_deadline_ms;
+    enum idem_upstream_result result;
+    struct upstream_parser parser;
+    enum x_list list;
+    struct upstream_exchange *prev, *next;
+};
+
+struct upstream_pool {
+    const struct upstream_origin *o;
+    struct upstream_options opt;
+    int epfd;
+    uint64_t ep_tag;
+    size_t buf_bytes;
+    struct upstream_conn **by_fd;
+    size_t n_by_fd;
+    struct upstream_conn *idle; /* most recently used first */
+    unsigned n_idle;
+    struct upstream_exchange *flight;
+    struct upstream_exchange *done;
+    int64_t next_expire_ms;
+};
+
+#define EXPIRE_STEP_MS 10
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void x_unlink(struct upstream_exchange *x)
+{
+    struct upstream_exchange **head = NULL;
+
+    if (x->pool != NULL && x->list == XL_FLIGHT)
+        head = &x->pool->flight;
+    else if (x->pool != NULL && x->list == XL_DONE)
+        head = &x->pool->done;
+    if (head != NULL) {
+        if (x->prev != NULL)
+            x->prev->next = x->next;
+        else
+            *head = x->next;
+        if (x->next != NULL)
+            x->next->prev = x->prev;
+    }
+    x->prev = x->next = NULL;
+    x->list = XL_NONE;
+}
+
+static void x_link(struct upstream_exchange *x, enum x_list list)
+{
+    struct upstream_exchange **head = list == XL_FLIGHT ? &x->pool->flight : &x->pool->done;
+
+    x_unlink(x);
+    x->prev = NULL;
+    x->next = *head;
+    if (*head != NULL)
+        (*head)->prev = x;
+    *head = x;
+    x->list = list;
+}
+
+static void idle_remove(struct upstream_pool *p, struct upstream_conn *c)
+{
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        p->idle = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+    p->n_idle--;
+}
+
+static void conn_close(struct upstream_pool *p, struct upstream_conn *c)
+{
+    if (p != NULL && (size_t)c->fd < p->n_by_fd)
+        p->by_fd[c->fd] = NULL;
+    /* Closing the descriptor drops its epoll registration. */
+    close(c->fd);
+    free(c);
+}
+
+static int conn_watch(struct upstream_pool *p, struct upstream_conn *c, uint32_t events)
+{
+    struct epoll_event ev = {0};
+
+    if (c->events == events)
+        return 0;
+    ev.events = events;
+    ev.data.u64 = p->ep_tag | (uint64_t)(uint32_t)c->fd << 8;
+    if (epoll_ctl(p->epfd, EPOLL_CTL_MOD, c->fd, &ev) != 0)
+        return -1;
+    c->events = events;
+    return 0;
+}
+
+/* The exchange is over: to the done list; its connection is the caller's
+ * business (closed or pooled before this). */
+static void x_finish(struct upstream_exchange *x, enum idem_upstream_result res)
+{
+    x->result = res;
+    x->conn = NULL;
+    x_link(x, XL_DONE);
+}
+
+static void x_close_conn(struct upstream_exchange *x)
+{
+    if (x->conn != NULL) {
+        conn_close(x->pool, x->conn);
+        x->conn = NULL;
+    }
+}
+
+static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai);
+static bool x_write(struct upstream_exchange *x);
+
+/*
+ * The connection failed (an error, a reset or an end before the answer was
+ * complete). Decides between another address, a resend and a result:
+ *  - while connecting: nothing was sent; the next address, else NOT_SENT;
+ *  - a reused connection that fails before any response byte: the upstream
+ *    may have closed it while it was idle. Resent once on a fresh connection
+ *    when nothing of the request left, or when the caller allows it; a
+ *    keyed or non-idempotent request is never sent twice;
+ *  - otherwise BROKEN, or NOT_SENT when no request byte ever left.
+ */
+static void x_conn_failed(struct upstream_exchange *x)
+{
+    struct upstream_conn *c = x->conn;
+    bool connecting = c->connecting;
+    bool reused = c->uses > 0;
+    const struct addrinfo *next = c->addr != NULL ? c->addr->ai_next : NULL;
+
+    x_close_conn(x);
+    if (connecting) {
+        if (next != NULL)
+            x_connect(x, next);
+        else
+            x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+        return;
+    }
+    if (reused && !x->parser.seen_byte && !x->retried && (x->written == 0 || x->may_retry)) {
+        x->retried = true;
+        x->written = 0;
+        x_connect(x, x->pool->o->addrs);
+        return;
+    }
+    x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+}
+
+/* A complete answer: the connection goes back to the pool if it may. */
+static void x_answered(struct upstream_exchange *x)
+{
+    struct upstream_pool *p = x->pool;
+    struct upstream_conn *c = x->conn;
+    bool keep = upstream_parse_keep_alive(&x->parser) && c->len == 0 &&
+                x->written == x->head_len + x->body_len && p->n_idle < p->opt.max_idle;
+
+    c->uses++;
+    c->x = NULL;
+    x->conn = NULL;
+    if (keep && conn_watch(p, c, EPOLLIN | EPOLLRDHUP) == 0) {
+        c->prev = NULL;
+        c->next = p->idle;
+        if (p->idle != NULL)
+            p->idle->prev = c;
+        p->idle = c;
+        p->n_idle++;
+    } else {
+        conn_close(p, c);
+    }
+    x_finish(x, IDEM_UPSTREAM_RESPONSE);
+}
+
+static void x_parsed(struct upstream_exchange *x, enum upstream_parse_rc rc)
+{
+    switch (rc) {
+    case UPSTREAM_PARSE_DONE:
+        x_answered(x);
+        break;
+    case UPSTREAM_PARSE_TOO_LARGE:
+        x_close_conn(x);
+        x_finish(x, IDEM_UPSTREAM_TOO_LARGE);
+        break;
+    case UPSTREAM_PARSE_BROKEN:
+    case UPSTREAM_PARSE_NOMEM:
+        x_close_conn(x);
+        x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Reads what the socket holds (a bounded number of times: the loop must
+ * serve everyone) and parses it. True when the exchange still waits on the
+ * same connection; false when it moved on (finished, failed, or resent on
+ * another connection, which may even reuse the freed one's address, so
+ * callers must not compare pointers). */
+static bool x_read(struct upstream_exchange *x)
+{
+    struct upstream_conn *c = x->conn;
+
+    for (int round = 0; round < 16; round++) {
+        ssize_t n;
+        size_t used = 0;
+        enum upstream_parse_rc rc;
+
+        if (c->len == c->cap) {
+            /* The parser holds back less than a buffer (upstream.h). */
+            x_parsed(x, UPSTREAM_PARSE_BROKEN);
+            return false;
+        }
+        n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return true;
+            x_conn_failed(x);
+            return false;
+        }
+        if (n == 0) {
+            if (upstream_parse_eof(&x->parser) == UPSTREAM_PARSE_DONE) {
+                x_close_conn(x);
+                x_finish(x, IDEM_UPSTREAM_RESPONSE);
+            } else {
+                x_conn_failed(x);
+            }
+            return false;
+        }
+        c->len += (size_t)n;
+        rc = upstream_parse(&x->parser, c->buf, c->len, &used);
+        if (used < c->len)
+            memmove(c->buf, c->buf + used, c->len - used);
+        c->len -= used;
+        if (rc != UPSTREAM_PARSE_MORE) {
+            x_parsed(x, rc);
+            return false;
+        }
+        if ((size_t)n < c->cap / 2)
+            break; /* most likely drained; level-triggered epoll says if not */
+    }
+    return true;
+}
+
+/* Writes what is left of the request; waits for EPOLLOUT when the socket
+ * buffer is full. True when the exchange still waits on the same
+ * connection (see x_read). */
+static bool x_write(struct upstream_exchange *x)
+{
+    struct upstream_conn *c = x->conn;
+    size_t total = x->head_len + x->body_len;
+
+    while (x->written < total) {
+        struct iovec iov[2];
+        struct msghdr msg = {0};
+        int n_iov = 0;
+        ssize_t n;
+
+        if (x->written < x->head_len) {
+            iov[n_iov].iov_base = x->head + x->written;
+            iov[n_iov].iov_len = x->head_len - x->written;
+            n_iov++;
+            if (x->body_len > 0) {
+                iov[n_iov].iov_base = (void *)x->body;
+                iov[n_iov].iov_len = x->body_len;
+                n_iov++;
+            }
+        } else {
+            iov[n_iov].iov_base = (void *)(x->body + (x->written - x->head_len));
+            iov[n_iov].iov_len = total - x->written;
+            n_iov++;
+        }
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)n_iov;
+        n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP | EPOLLOUT) == 0)
+                    return true;
+                x_conn_failed(x);
+                return false;
+            }
+            /* The upstream may have answered and closed (an early error
+             * answer): what it sent decides. */
+            if (x_read(x))
+                x_conn_failed(x);
+            return false;
+        }
+        x->written += (size_t)n;
+        x->ever_written = true;
+    }
+    if (conn_watch(x->pool, c, EPOLLIN | EPOLLRDHUP) == 0)
+        return true;
+    x_conn_failed(x);
+    return false;
+}
+
+static int pool_track(struct upstream_pool *p, struct upstream_conn *c)
+{
+    size_t fd = (size_t)c->fd;
+
+    if (fd >= p->n_by_fd) {
+        size_t n = p->n_by_fd ? p->n_by_fd : 256;
+        struct upstream_conn **nb;
+        while (n <= fd)
+            n *= 2;
+        nb = realloc(p->by_fd, n * sizeof(*nb));
+        if (nb == NULL)
+            return -1;
+        memset(nb + p->n_by_fd, 0, (n - p->n_by_fd) * sizeof(*nb));
+        p->by_fd = nb;
+        p->n_by_fd = n;
+    }
+    p->by_fd[fd] = c;
+    return 0;
+}
+
+/* Opens a fresh connection to ai (then the following addresses) for x. */
+static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai)
+{
+    struct upstream_pool *p = x->pool;
+
+    for (; ai != NULL; ai = ai->ai_next) {
+        struct upstream_conn *c;
+        struct epoll_event ev = {0};
+        int one = 1;
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int rc;
+
+        if (fd < 0)
+            continue;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc != 0 && errno != EINPROGRESS) {
+            close(fd);
+            continue;
+        }
+        c = malloc(sizeof(*c) + p->buf_bytes);
+        if (c == NULL) {
+            close(fd);
+            break;
+        }
+        memset(c, 0, sizeof(*c));
+        c->fd = fd;
+        c->cap = p->buf_bytes;
+        c->addr = ai;
+        c->connecting = rc != 0;
+        c->events = c->connecting ? EPOLLOUT : EPOLLIN | EPOLLRDHUP;
+        ev.events = c->events;
+        ev.data.u64 = p->ep_tag | (uint64_t)(uint32_t)fd << 8;
+        if (pool_track(p, c) != 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            conn_close(p, c);
+            break;
+        }
+        c->x = x;
+        x->conn = c;
+        x->connect_deadline_ms = mono_ms() + p->opt.connect_timeout_ms;
+        upstream_parser_clear(&x->parser);
+        upstream_parser_init(&x->parser, x->parser.no_body_request, p->opt.max_header_bytes,
+                             p->opt.max_response_bytes);
+        if (!c->connecting)
+            x_write(x);
+        return;
+    }
+    x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+}
+
+/* An idle connection for x, most recently used first. A request that may
+ * not be resent checks that the upstream has not closed it meanwhile (one
+ * peek), since a failure after the write would be an unknown outcome. */
+static struct upstream_conn *idle_take(struct upstream_pool *p, bool check)
+{
+    while (p->idle != NULL) {
+        struct upstream_conn *c = p->idle;
+        char b;
+        idle_remove(p, c);
+        if (!check)
+            return c;
+        if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
+            (errno == EAGAIN || errno == EWOULDBLOCK))
+            return c;
+        conn_close(p, c);
+    }
+    return NULL;
+}
+
+static char *build_head(const struct upstream_origin *o, const struct upstream_request *req,
+                        size_t *out_len)
+{
+    const struct idem_headers *h = req->headers;
+    size_t mlen = strlen(req->method);
+    size_t len = mlen + 1 + o->base_len + req->target_len + 11 + 6 + o->host_header_len + 2 + 2;
+    char *head, *q;
+
+    for (size_t i = 0; i < h->n; i++)
+        len += h->v[i].name_len + 2 + h->v[i].value_len + 2;
+    if (req->body_len > 0 || req->send_length)
+        len += 16 + 20 + 2;
+    head = malloc(len + 1);
+    if (head == NULL)
+        return NULL;
+    q = head;
+    memcpy(q, req->method, mlen);
+    q += mlen;
+    *q++ = ' ';
+    memcpy(q, o->base, o->base_len);
+    q += o->base_len;
+    memcpy(q, req->target, req->target_len);
+    q += req->target_len;
+    memcpy(q, " HTTP/1.1\r\nHost: ", 17);
+    q += 17;
+    memcpy(q, o->host_header, o->host_header_len);
+    q += o->host_header_len;
+    *q++ = '\r';
+    *q++ = '\n';
+    for (size_t i = 0; i < h->n; i++) {
+        memcpy(q, h->v[i].name, h->v[i].name_len);
+        q += h->v[i].name_len;
+        *q++ = ':';
+        if (h->v[i].value_len > 0) {
+            *q++ = ' ';
+            memcpy(q, h->v[i].value, h->v[i].value_len);
+            q += h->v[i].value_len;
+        }
+        *q++ = '\r';
+        *q++ = '\n';
+    }
+    if (req->body_len > 0 || req->send_length)
+        q += snprintf(q, 16 + 20 + 3, "Content-Length: %zu\r\n", req->body_len);
+    *q++ = '\r';
+    *q++ = '\n';
+    *out_len = (size_t)(q - head);
+    return head;
+}
+
+int upstream_pool_new(const struct upstream_origin *o, const struct upstream_options *opt, int epfd,
+                      uint64_t ep_tag, struct upstream_pool **out)
+{
+    struct upstream_pool *p = calloc(1, sizeof(*p));
+
+    *out = NULL;
+    if (p == NULL)
+        return -1;
+    p->o = o;
+    p->opt = *opt;
+    p->epfd = epfd;
+    p->ep_tag = ep_tag;
+    /* Room for the longest line the parser may hold back, and then some. */
+    p->buf_bytes = opt->max_header_bytes + 4096;
+    if (p->buf_bytes < 16384)
+        p->buf_bytes = 16384;
+    *out = p;
+    return 0;
+}
+
+void upstream_pool_free(struct upstream_pool *p)
+{
+    if (p == NULL)
+        return;
+    while (p->idle != NULL) {
+        struct upstream_conn *c = p->idle;
+        idle_remove(p, c);
+        conn_close(p, c);
+    }
+    /* Exchanges still owned by callers: detached, so that a later cancel
+     * or free does not touch the pool. */
+    while (p->flight != NULL) {
+        struct upstream_exchange *x = p->flight;
+        x_close_conn(x);
+        x_unlink(x);
+        x->pool = NULL;
+    }
+    while (p->done != NULL) {
+        struct upstream_exchange *x = p->done;
+        x_unlink(x);
+        x->pool = NULL;
+    }
+    free(p->by_fd);
+    free(p);
+}
+
+int upstream_start(struct upstream_pool *p, const struct upstream_request *req, void *ctx,
+                   struct upstream_exchange **out)
+{
+    struct upstream_exchange *x = calloc(1, sizeof(*x));
+    struct upstream_conn *c;
+    int64_t now = mono_ms();
+
+    *out = NULL;
+    if (x == NULL)
+        return -1;
+    x->head = build_head(p->o, req, &x->head_len);
+    if (x->head == NULL) {
+        free(x);
+        return -1;
+    }
+    x->pool = p;
+    x->ctx = ctx;
+    x->body = req->body;
+    x->body_len = req->body_len;
+    x->may_retry = req->may_retry;
+    x->deadline_ms = now + p->opt.timeout_ms;
+    upstream_parser_init(&x->parser, strcmp(req->method, "HEAD") == 0, p->opt.max_header_bytes,
+                         p->opt.max_response_bytes);
+    x_link(x, XL_FLIGHT);
+    if (p->flight->next == NULL)
+        p->next_expire_ms = now + EXPIRE_STEP_MS;
+    *out = x;
+    c = idle_take(p, !x->may_retry);
+    if (c != NULL) {
+        c->x = x;
+        x->conn = c;
+        x_write(x);
+    } else {
+        x_connect(x, p->o->addrs);
+    }
+    return 0;
+}
+
+void upstream_event(struct upstream_pool *p, int fd, uint32_t events)
+{
+    struct upstream_conn *c = (size_t)fd < p->n_by_fd ? p->by_fd[fd] : NULL;
+    struct upstream_exchange *x;
+
+    if (c == NULL) {
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, NULL);
+        return;
+    }
+    x = c->x;
+    if (x == NULL) {
+        /* Idle: the upstream closed it (or sent what nobody asked for). */
+        idle_remove(p, c);
+        conn_close(p, c);
+        return;
+    }
+    if (c->connecting) {
+        /* SO_ERROR, not the event's flags, decides: an event read in the
+         * same batch may be a closed descriptor's whose number this
+         * socket took over. */
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
+            x_conn_failed(x);
+            return;
+        }
+        if ((events & EPOLLOUT) == 0)
+            return;
+        c->connecting = false;
+        x_write(x);
+        return;
+    }
+    if ((events & EPOLLOUT) != 0 && x->written < x->head_len + x->body_len && !x_write(x))
+        return;
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0)
+        x_read(x);
+}
+
+void upstream_expire(struct upstream_pool *p, int64_t now_ms)
+{
+    struct upstream_exchange *x = p->flight;
+
+    if (x == NULL || now_ms < p->next_expire_ms)
+        return;
+    p->next_expire_ms = now_ms + EXPIRE_STEP_MS;
+    while (x != NULL) {
+        struct upstream_exchange *next = x->next;
+        bool connect_late =
+            x->conn != NULL && x->conn->connecting && now_ms >= x->connect_deadline_ms;
+        if (connect_late || now_ms >= x->deadline_ms) {
+            bool sent = x->ever_written;
+            x_close_conn(x);
+            x_finish(x, !sent          ? IDEM_UPSTREAM_NOT_SENT
+                        : connect_late ? IDEM_UPSTREAM_BROKEN
+                                       : IDEM_UPSTREAM_TIMEOUT);
+        }
+        x = next;
+    }
+}
+
+int64_t upstream_next_timeout_ms(const struct upstream_pool *p, int64_t now_ms)
+{
+    if (p->done != NULL)
+        return 0;
+    if (p->flight == NULL)
+        return -1;
+    return p->next_expire_ms > now_ms ? p->next_expire_ms - now_ms : 0;
+}
+
+struct upstream_exchange *upstream_take_done(struct upstream_pool *p)
+{
+    struct upstream_exchange *x = p->done;
+
+    if (x != NULL)
+        x_unlink(x);
+    return x;
+}
+
+void *upstream_exchange_ctx(const struct upstream_exchange *x)
+{
+    return x->ctx;
+}
+
+enum idem_upstream_result upstream_exchange_result(const struct upstream_exchange *x)
+{
+    return x->result;
+}
+
+struct upstream_response *upstream_exchange_response(struct upstream_exchange *x)
+{
+    return &x->parser.resp;
+}
+
+void upstream_exchange_free(struct upstream_exchange *x)
+{
+    if (x == NULL)
+        return;
+    x_unlink(x);
+    if (x->conn != NULL) {
+        x->conn->x = NULL;
+        conn_close(x->pool, x->conn);
+    }
+    upstream_parser_clear(&x->parser);
+    free(x->head);
+    free(x);
+}
+
+enum idem_upstream_result upstream_cancel(struct upstream_exchange *x)
+{
+    enum idem_upstream_result res =
+        x->ever_written ? IDEM_UPSTREAM_TIMEOUT : IDEM_UPSTREAM_NOT_SENT;
+
+    upstream_exchange_free(x);
+    return res;
+}
