@@ -205,8 +205,15 @@ static enum upstream_parse_rc check_framing(struct upstream_parser *p)
                 return UPSTREAM_PARSE_BROKEN;
             cl = f;
         } else if (name_is(f->name, f->name_len, "Transfer-Encoding")) {
+            /* Only "chunked" alone: the proxy removes the field (hop by
+             * hop), so any other coding ("gzip", "gzip, chunked") would
+             * leave encoded bytes passed off, and stored, as the body.
+             * libcurl failed such an answer too. A second field likewise. */
+            if (te || !last_coding_chunked(f->value, f->value_len) ||
+                memchr(f->value, ',', f->value_len) != NULL)
+                return UPSTREAM_PARSE_BROKEN;
             te = true;
-            p->chunked = last_coding_chunked(f->value, f->value_len);
+            p->chunked = true;
         }
     }
     if (cl != NULL && te)
@@ -254,7 +261,7 @@ static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const 
     }
     colon = memchr(l, ':', n);
     if (colon == NULL || colon == l)
-        return UPSTREAM_PARSE_MORE; /* not a field: ignored, as libcurl did */
+        return UPSTREAM_PARSE_BROKEN; /* not a field line: a malformed answer, as libcurl saw it */
     name_len = (size_t)(colon - l);
     v = colon + 1;
     vlen = n - name_len - 1;
