@@ -317,6 +317,19 @@ def raw_exchange(port, data, timeout=10.0):
         return (resp,) + c.drain_until_closed()
 
 
+def sockets(pid):
+    """The open sockets of process pid (listeners, client and upstream
+    connections), from /proc."""
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
 def wait_for(predicate, timeout=5.0, interval=0.02):
     deadline = time.monotonic() + timeout
     while True:

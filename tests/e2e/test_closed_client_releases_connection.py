@@ -9,7 +9,6 @@ SIGTERM drain for as long. Which connections lose their FIN is a race
 (a few in a hundred here); with 300 clients cut short, at least one
 does, in all but a vanishing share of runs."""
 
-import os
 import socket
 import time
 import unittest
@@ -27,18 +26,6 @@ def send_and_close(port, data, n):
             s.sendall(data)
 
 
-def sockets(pid):
-    """The proxy's open sockets (listeners, client and upstream connections)."""
-    n = 0
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:"):
-                n += 1
-        except OSError:
-            pass
-    return n
-
-
 class ClosedClientReleasesConnection(harness.ProxyTestCase):
     def cut_short(self, proxy, n):
         send_and_close(proxy.port, HALF_HEAD, n)
@@ -51,12 +38,12 @@ class ClosedClientReleasesConnection(harness.ProxyTestCase):
         self.assertEqual(harness.request(proxy.port, "POST", "/v1/payments",
                                          [("Idempotency-Key", "warm")], b"{}").status, 201)
         time.sleep(0.3)
-        before = sockets(proxy.pid)
+        before = harness.sockets(proxy.pid)
         self.cut_short(proxy, 150)
         # Each lost FIN used to keep its socket for client_timeout (30 s);
         # a few seconds is ample for the once-a-second sweep.
-        self.assertTrue(harness.wait_for(lambda: sockets(proxy.pid) <= before, timeout=8),
-                        "%d sockets open, %d before" % (sockets(proxy.pid), before))
+        self.assertTrue(harness.wait_for(lambda: harness.sockets(proxy.pid) <= before, timeout=8),
+                        "%d sockets open, %d before" % (harness.sockets(proxy.pid), before))
         self.assertEqual(self.upstream.total(), 1)
 
     def test_drain_is_not_held_up(self):

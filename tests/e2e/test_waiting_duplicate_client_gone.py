@@ -6,24 +6,12 @@ kept such a waiter for the route's whole `wait`, holding its connection
 slot and per-IP count, and when the holder released the key, the waiter
 acquired it and ran the action for a client that was gone."""
 
-import os
 import socket
 import time
 import unittest
 
 import harness
 from harness import in_thread
-
-
-def sockets(pid):
-    n = 0
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:"):
-                n += 1
-        except OSError:
-            pass
-    return n
 
 
 def leave_waiting(port, key, n):
@@ -49,11 +37,11 @@ class WaitingDuplicateClientGone(harness.ProxyTestCase):
         first = in_thread(self.post, proxy, "gone-1", headers=[("X-Test-Delay-Ms", "8000")])
         harness.wait_for(lambda: self.upstream.total() == 1, 3)
         time.sleep(0.2)
-        before = sockets(proxy.pid)
+        before = harness.sockets(proxy.pid)
         leave_waiting(proxy.port, "gone-1", 12)
         # The sweep runs once a second; before the fix they stayed 20 s.
-        self.assertTrue(harness.wait_for(lambda: sockets(proxy.pid) <= before, timeout=4),
-                        "%d sockets open, %d before" % (sockets(proxy.pid), before))
+        self.assertTrue(harness.wait_for(lambda: harness.sockets(proxy.pid) <= before, timeout=4),
+                        "%d sockets open, %d before" % (harness.sockets(proxy.pid), before))
         # Their per-IP counts are back too: 12 new connections fit next to
         # the holder's under a limit of 14.
         conns = [harness.Conn(proxy.port) for _ in range(12)]
