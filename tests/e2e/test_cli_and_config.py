@@ -88,6 +88,18 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("routes[0].ttl", p.stderr.decode("utf-8", "replace"))
 
+    def test_store_path_that_is_a_file_is_named_once(self):
+        # The message said the path, and "store", twice: "store X: store:
+        # X is not a directory".
+        path = self.write("not-a-dir", {})
+        p = self.run_bin("--upstream", self.upstream.url, "--store", path,
+                         "--listen", "127.0.0.1:%d" % harness.free_port())
+        err = p.stderr.decode("utf-8", "replace")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("is not a directory", err)
+        self.assertEqual(err.count(path), 1, err)
+        self.assertEqual(err.count("store:") + err.count("store /"), 1, err)
+
     def test_check_store_finds_a_key_stored_twice(self):
         proxy = self.start_proxy()
         self.assertExecuted(self.post(proxy, "twice-1"))
