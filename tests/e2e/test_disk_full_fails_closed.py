@@ -38,14 +38,27 @@ class DiskFull(harness.ProxyTestCase):
         proxy = self.start_proxy(config=cfg, preexec_fn=limit_file_size)
         keys = ["disk-%d" % i for i in range(KEYS)]
         first = {}
+        sent = {}
         for k in keys:
+            sent[k] = time.monotonic()
             first[k] = self.big(proxy, k)
-        # Every key once more: a replay, a 409/503, never a second run.
+        # Judged now: in the second pass below, a key refused here is a new
+        # key and may run once the purge has made room.
+        after_first = self.upstream.executions()["by_key"]
+        # Every key once more: a replay, a 409/503, never a second run --
+        # while its record can still be alive. On a slow (sanitizer) build
+        # the pass can outlast the TTL of the first keys, and a key whose
+        # record expired may run again by contract; those are not judged.
         again = {}
+        judged = []
         for k in keys:
             again[k] = self.big(proxy, k)
+            if time.monotonic() < sent[k] + TTL_S:
+                judged.append(k)
+        self.assertGreater(len(judged), KEYS // 2,
+                           "too few retries came within the TTL to judge")
         executed = self.upstream.executions()["by_key"]
-        twice = [k for k in keys if executed.get(k, 0) > 1]
+        twice = [k for k in judged if executed.get(k, 0) > 1]
         statuses = sorted(set(r.status for r in first.values()))
         self.assertFalse(twice, "%d of %d keys ran twice once the file system was full, "
                          "e.g. %r (first answers: %r)" % (len(twice), KEYS, twice[:5], statuses))
@@ -54,7 +67,7 @@ class DiskFull(harness.ProxyTestCase):
         for k in refused:
             self.assertProblem(first[k], 503)
             self.assertRetryAfter(first[k], minimum=1)
-            self.assertEqual(executed.get(k, 0), 0, "%s was answered 503 but forwarded" % k)
+            self.assertEqual(after_first.get(k, 0), 0, "%s was answered 503 but forwarded" % k)
         stored = [k for k in keys if first[k].status == 201 and again[k].replayed]
         self.assertTrue(stored, "nothing was stored before the file system filled up")
         for k in stored[:5] + stored[-5:]:
