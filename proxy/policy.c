@@ -658,7 +658,46 @@ int idem_filter_response_headers(const struct idem_headers *in, const struct con
 
 /* ---- request target ------------------------------------------------------ */
 
-static int hex_value(char c)
+static void trim_ows(const char **v, size_t *n)
+{
+    while (*n > 0 && (**v == ' ' || **v == '\t')) {
+        (*v)++;
+        (*n)--;
+    }
+    while (*n > 0 && ((*v)[*n - 1] == ' ' || (*v)[*n - 1] == '\t'))
+        (*n)--;
+}
+
+enum idem_field_kind idem_field_line_split(const char *line, size_t n,
+                                           struct idem_field_line *out)
+{
+    const char *colon;
+
+    memset(out, 0, sizeof(*out));
+    if (n > 0 && (line[0] == ' ' || line[0] == '\t')) {
+        out->value = line;
+        out->value_len = n;
+        trim_ows(&out->value, &out->value_len);
+        return out->value_len == 0 ? IDEM_FIELD_SKIP : IDEM_FIELD_FOLD;
+    }
+    colon = memchr(line, ':', n);
+    if (colon == NULL || colon == line)
+        return IDEM_FIELD_BAD;
+    out->name = line;
+    out->name_len = (size_t)(colon - line);
+    /* "Name : value": a proxy removes the white space before the colon
+     * (section 5.1) rather than lose the field. */
+    while (out->name_len > 0 && (line[out->name_len - 1] == ' ' || line[out->name_len - 1] == '\t'))
+        out->name_len--;
+    if (out->name_len == 0)
+        return IDEM_FIELD_SKIP;
+    out->value = colon + 1;
+    out->value_len = n - (size_t)(colon - line) - 1;
+    trim_ows(&out->value, &out->value_len);
+    return IDEM_FIELD;
+}
+
+int idem_hex_value(char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -713,8 +752,8 @@ bool idem_target_is_canonical(const char *target, size_t len)
             int hi, lo, v;
             if (i + 2 >= path_len)
                 return false;
-            hi = hex_value(target[i + 1]);
-            lo = hex_value(target[i + 2]);
+            hi = idem_hex_value(target[i + 1]);
+            lo = idem_hex_value(target[i + 2]);
             if (hi < 0 || lo < 0)
                 return false;
             v = hi * 16 + lo;

@@ -147,6 +147,28 @@ int idem_scope_build(const struct config_route *route, const char *header_value,
 /* True when s is a non-empty RFC 9110 token (field names, methods). */
 bool idem_is_token(const char *s, size_t len);
 
+/* The value of one hexadecimal digit (either case), or -1. */
+int idem_hex_value(char c);
+
+/* One line of an upstream answer's header section, CRLF already removed,
+ * as a proxy must read it (RFC 9112 section 5): */
+enum idem_field_kind {
+    IDEM_FIELD,     /* name: value (white space around the value, and before
+                     * the colon, removed) */
+    IDEM_FIELD_FOLD,/* obs-fold: more value for the previous field, trimmed;
+                     * the caller joins it with one space (section 5.2) */
+    IDEM_FIELD_SKIP,/* nothing to keep: an empty fold, or an empty name */
+    IDEM_FIELD_BAD  /* no colon, or a colon first: not a field line */
+};
+struct idem_field_line {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+};
+enum idem_field_kind idem_field_line_split(const char *line, size_t n,
+                                           struct idem_field_line *out);
+
 /* True for the fixed hop-by-hop names (Connection, Keep-Alive, Proxy-*, TE,
  * Trailer, Transfer-Encoding, Upgrade). */
 bool idem_header_is_hop_by_hop(const char *name);

@@ -952,7 +952,7 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
     struct request *r = userdata;
     size_t len = size * nitems;
     size_t n = len;
-    char *colon;
+    struct idem_field_line f;
 
     while (n > 0 && (buf[n - 1] == '\r' || buf[n - 1] == '\n'))
         n--;
@@ -975,42 +975,25 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
      * "Connection: X-Id" would remove a real header. Dropped. */
     if (r->resp_head_done)
         return len;
-    if (buf[0] == ' ' || buf[0] == '\t') {
-        /* obs-fold (RFC 9112 5.2): a proxy replaces it with a space. */
-        const char *v = buf;
-        size_t vlen = n;
-        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
-            v++;
-            vlen--;
-        }
-        if (vlen == 0 || r->resp_headers.n == 0)
+    switch (idem_field_line_split(buf, n, &f)) {
+    case IDEM_FIELD_FOLD:
+        if (r->resp_headers.n == 0)
             return len;
-        if (answer_header_bytes(&r->resp_headers) + 1 + vlen > response_header_max(r->w->srv->cfg)) {
+        if (answer_header_bytes(&r->resp_headers) + 1 + f.value_len >
+            response_header_max(r->w->srv->cfg)) {
             r->resp_too_large = true;
             r->resp_headers_too_large = true;
             return 0;
         }
-        return idem_headers_extend_last(&r->resp_headers, v, vlen) == 0 ? len : 0;
-    }
-    colon = memchr(buf, ':', n);
-    if (colon == NULL || colon == buf)
+        return idem_headers_extend_last(&r->resp_headers, f.value, f.value_len) == 0 ? len : 0;
+    case IDEM_FIELD_SKIP:
+    case IDEM_FIELD_BAD: /* libcurl itself fails the transfer on such a line */
         return len;
+    case IDEM_FIELD:
+        break;
+    }
     {
-        size_t name_len = (size_t)(colon - buf);
-        const char *v = colon + 1;
-        size_t vlen = n - name_len - 1;
-        /* "Name : value": a proxy removes the white space before the colon
-         * (RFC 9112 5.1) rather than lose the field. */
-        while (name_len > 0 && (buf[name_len - 1] == ' ' || buf[name_len - 1] == '\t'))
-            name_len--;
-        if (name_len == 0)
-            return len;
-        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
-            v++;
-            vlen--;
-        }
-        while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
-            vlen--;
+        size_t name_len = f.name_len;
         /* The client's answer must fit libmicrohttpd's per-connection pool
          * next to the request (response_header_max), or the connection would
          * be dropped unanswered, and a stored record would replay as a drop
@@ -1021,7 +1004,7 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
             r->resp_headers_too_large = true;
             return 0;
         }
-        if (idem_headers_push(&r->resp_headers, buf, name_len, v, vlen) != 0)
+        if (idem_headers_push(&r->resp_headers, f.name, name_len, f.value, f.value_len) != 0)
             return 0;
         /* Ambiguous response framing (RFC 9112 section 6.3): two differing
          * Content-Lengths, or Content-Length with Transfer-Encoding. libcurl

@@ -72,17 +72,6 @@ static bool is_digit(char c)
     return c >= '0' && c <= '9';
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static bool name_is(const char *name, size_t len, const char *want)
 {
     return len == strlen(want) && strncasecmp(name, want, len) == 0;
@@ -236,56 +225,34 @@ static enum upstream_parse_rc check_framing(struct upstream_parser *p)
 static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const char *l, size_t n)
 {
     struct idem_headers *h = &p->resp.headers;
-    const char *colon;
-    const char *v;
-    size_t name_len, vlen;
+    struct idem_field_line f;
 
-    if (l[0] == ' ' || l[0] == '\t') {
-        /* obs-fold (RFC 9112 section 5.2): a proxy replaces it with a
-         * space. */
-        v = l;
-        vlen = n;
-        while (vlen > 0 && (*v == ' ' || *v == '\t')) {
-            v++;
-            vlen--;
-        }
-        while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
-            vlen--;
-        if (vlen == 0 || h->n == 0)
+    switch (idem_field_line_split(l, n, &f)) {
+    case IDEM_FIELD_FOLD:
+        if (h->n == 0)
             return UPSTREAM_PARSE_MORE;
-        if (h->bytes + 4 * h->n + 1 + vlen > p->max_header_bytes)
+        if (h->bytes + 4 * h->n + 1 + f.value_len > p->max_header_bytes)
             return too_large_head(p);
-        if (idem_headers_extend_last(h, v, vlen) != 0)
+        if (idem_headers_extend_last(h, f.value, f.value_len) != 0)
             return UPSTREAM_PARSE_NOMEM;
         return UPSTREAM_PARSE_MORE;
-    }
-    colon = memchr(l, ':', n);
-    if (colon == NULL || colon == l)
-        return UPSTREAM_PARSE_BROKEN; /* not a field line: a malformed answer, as libcurl saw it */
-    name_len = (size_t)(colon - l);
-    v = colon + 1;
-    vlen = n - name_len - 1;
-    /* "Name : value": a proxy removes the white space before the colon
-     * (RFC 9112 section 5.1) rather than lose the field. */
-    while (name_len > 0 && (l[name_len - 1] == ' ' || l[name_len - 1] == '\t'))
-        name_len--;
-    if (name_len == 0)
+    case IDEM_FIELD_SKIP:
         return UPSTREAM_PARSE_MORE;
-    while (vlen > 0 && (*v == ' ' || *v == '\t')) {
-        v++;
-        vlen--;
+    case IDEM_FIELD_BAD:
+        return UPSTREAM_PARSE_BROKEN; /* not a field line: a malformed answer, as libcurl saw it */
+    case IDEM_FIELD:
+        break;
     }
-    while (vlen > 0 && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
-        vlen--;
     /* The header block as the client's answer will carry it must fit
      * max_header_bytes (see response_header_max() in server.c). */
     if (h->bytes + 4 * h->n + 4 + n > p->max_header_bytes)
         return too_large_head(p);
-    if (idem_headers_push(h, l, name_len, v, vlen) != 0)
+    if (idem_headers_push(h, f.name, f.name_len, f.value, f.value_len) != 0)
         return UPSTREAM_PARSE_NOMEM;
-    if (name_is(l, name_len, "Content-Length") || name_is(l, name_len, "Transfer-Encoding"))
+    if (name_is(f.name, f.name_len, "Content-Length") ||
+        name_is(f.name, f.name_len, "Transfer-Encoding"))
         return check_framing(p);
-    if (name_is(l, name_len, "Connection") && list_has(v, vlen, "close"))
+    if (name_is(f.name, f.name_len, "Connection") && list_has(f.value, f.value_len, "close"))
         p->conn_close = true;
     return UPSTREAM_PARSE_MORE;
 }
@@ -336,10 +303,10 @@ static enum upstream_parse_rc parse_chunk_size(struct upstream_parser *p, const 
     uint64_t v = 0;
     size_t i = 0;
 
-    while (i < n && hex_value(l[i]) >= 0) {
+    while (i < n && idem_hex_value(l[i]) >= 0) {
         if (i >= 15)
             return UPSTREAM_PARSE_BROKEN;
-        v = v * 16 + (uint64_t)hex_value(l[i]);
+        v = v * 16 + (uint64_t)idem_hex_value(l[i]);
         i++;
     }
     if (i == 0 || (i < n && l[i] != ';' && l[i] != ' ' && l[i] != '\t'))

@@ -1394,6 +1394,49 @@ static void test_decide_record_not_sent_always_releases(void **state)
 
 /* ---- Retry-After ------------------------------------------------------- */
 
+static void expect_field(const char *line, enum idem_field_kind kind, const char *name,
+                         const char *value)
+{
+    struct idem_field_line f;
+    assert_int_equal(idem_field_line_split(line, strlen(line), &f), kind);
+    if (name != NULL) {
+        assert_int_equal(f.name_len, strlen(name));
+        assert_memory_equal(f.name, name, f.name_len);
+    }
+    if (value != NULL) {
+        assert_int_equal(f.value_len, strlen(value));
+        assert_memory_equal(f.value, value, f.value_len);
+    }
+}
+
+/* Upstream header lines, as both upstream clients read them (RFC 9112
+ * section 5). */
+static void test_field_line_split(void **state)
+{
+    (void)state;
+    expect_field("Content-Type: text/plain", IDEM_FIELD, "Content-Type", "text/plain");
+    expect_field("X-A:v", IDEM_FIELD, "X-A", "v");
+    expect_field("X-A: \t v w \t", IDEM_FIELD, "X-A", "v w");
+    expect_field("X-A:", IDEM_FIELD, "X-A", "");
+    expect_field("X-A \t: v", IDEM_FIELD, "X-A", "v"); /* white space before the colon */
+    expect_field("X-A: a:b", IDEM_FIELD, "X-A", "a:b"); /* the first colon ends the name */
+    expect_field(" \t more text \t", IDEM_FIELD_FOLD, NULL, "more text");
+    expect_field("\tx", IDEM_FIELD_FOLD, NULL, "x");
+    expect_field(" \t ", IDEM_FIELD_SKIP, NULL, NULL);
+    expect_field(" : v", IDEM_FIELD_FOLD, NULL, ": v"); /* a fold, not a field */
+    expect_field("\t: v", IDEM_FIELD_FOLD, NULL, ": v");
+    expect_field("no colon here", IDEM_FIELD_BAD, NULL, NULL);
+    expect_field(": v", IDEM_FIELD_BAD, NULL, NULL);
+    expect_field("", IDEM_FIELD_BAD, NULL, NULL);
+    /* Not NUL-terminated: only n bytes are read. */
+    {
+        struct idem_field_line f;
+        assert_int_equal(idem_field_line_split("X-B: 12345", 7, &f), IDEM_FIELD);
+        assert_int_equal(f.value_len, 2);
+        assert_memory_equal(f.value, "12", 2);
+    }
+}
+
 static void test_retry_after(void **state)
 {
     (void)state;
@@ -1509,6 +1552,7 @@ int main(void)
         cmocka_unit_test(test_decide_record_configured_release_on),
         cmocka_unit_test(test_decide_record_on_unknown),
         cmocka_unit_test(test_decide_record_not_sent_always_releases),
+        cmocka_unit_test(test_field_line_split),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_retry_after_extreme),
         cmocka_unit_test(test_problem_json),
