@@ -94,7 +94,7 @@ static void print_store_error(const char *path, const char *err)
 struct check_ctx {
     bool print_records;
     int64_t now_ms;
-    uint64_t absent, in_progress, complete, stealable, expired_complete, duplicate_keys, bad;
+    uint64_t absent, in_progress, held, complete, stealable, expired_complete, duplicate_keys, bad;
     uint64_t seen;
     uint8_t prev_key[STORE_KEY_BYTES];
     uint64_t corrupt; /* entries that are not records (check_corrupt) */
@@ -120,6 +120,8 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         c->in_progress++;
         if (rec->lease_expires_ms <= c->now_ms)
             c->stealable++;
+        else if (store_lease_is_held(rec->lease_id))
+            c->held++; /* ran, result not stored: taken until its TTL */
         if (rec->body_len != 0 || rec->headers_len != 0)
             c->bad++; /* an IN_PROGRESS record never carries a payload */
         break;
@@ -140,9 +142,13 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         printf("{\"key\":\"");
         for (size_t i = 0; i < STORE_KEY_BYTES; i++)
             printf("%02x", key[i]);
-        printf("\",\"state\":\"%s\",\"lease_expires_ms\":%lld,\"expires_ms\":%lld,"
-               "\"status\":%d,\"body_bytes\":%zu}\n",
-               state, (long long)rec->lease_expires_ms, (long long)rec->expires_ms,
+        printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%lld,"
+               "\"expires_ms\":%lld,\"status\":%d,\"body_bytes\":%zu}\n",
+               state,
+               rec->state == STORE_STATE_IN_PROGRESS && store_lease_is_held(rec->lease_id)
+                   ? "true"
+                   : "false",
+               (long long)rec->lease_expires_ms, (long long)rec->expires_ms,
                rec->state == STORE_STATE_COMPLETE ? rec->status : 0, rec->body_len);
     }
     return 0;
@@ -209,14 +215,15 @@ static int check_store(const char *path, bool print_records)
     src = store_scan_all(st, check_record, check_corrupt, &c);
     store_stats(st, &stats);
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"
-           "\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,"
+           "\"held\":%llu,\"stealable\":%llu,\"complete\":%llu,\"expired_complete\":%llu,"
            "\"duplicate_keys\":%llu,\"corrupt\":%llu,\"corrupt_first\":[",
            src == 0 && c.bad == 0 ? "true" : "false",
            src != 0         ? store_strerror(src)
            : c.corrupt != 0 ? store_strerror(STORE_ECORRUPT)
                             : "ok",
            (unsigned long long)(c.in_progress + c.complete + c.absent + c.corrupt),
-           (unsigned long long)c.in_progress, (unsigned long long)c.stealable,
+           (unsigned long long)c.in_progress, (unsigned long long)c.held,
+           (unsigned long long)c.stealable,
            (unsigned long long)c.complete, (unsigned long long)c.expired_complete,
            (unsigned long long)c.duplicate_keys, (unsigned long long)c.corrupt);
     for (uint64_t i = 0; i < c.corrupt && i < CHECK_CORRUPT_SHOWN; i++)

@@ -816,6 +816,8 @@ enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
         action = IDEM_LOOKUP_MISMATCH;
     else if (rec->state == STORE_STATE_COMPLETE)
         action = IDEM_LOOKUP_REPLAY;
+    else if (store_lease_is_held(rec->lease_id))
+        action = IDEM_LOOKUP_HELD;
     else
         action = IDEM_LOOKUP_BUSY;
 out:

@@ -227,6 +227,8 @@ enum idem_lookup_action {
     IDEM_LOOKUP_ACQUIRE,  /* absent, expired or stealable: ask the writer */
     IDEM_LOOKUP_REPLAY,   /* COMPLETE, same fingerprint */
     IDEM_LOOKUP_BUSY,     /* live IN_PROGRESS, same fingerprint */
+    IDEM_LOOKUP_HELD,     /* the same, but held: the action ran and its result
+                           * could not be stored (store_op.hold); 409 now */
     IDEM_LOOKUP_MISMATCH, /* live record, other fingerprint: 422 */
     IDEM_LOOKUP_ERROR,    /* the canonical fingerprint could not be computed */
 };

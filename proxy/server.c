@@ -890,6 +890,7 @@ static void submit_settle(struct request *r, enum store_op_kind kind, int status
         j->op.body.len = r->resp_len;
     } else if (kind == STORE_OP_EXTEND) {
         j->op.lease_ms = r->route->ttl_ms; /* the record is held until its TTL */
+        j->op.hold = true;
     }
     r->state = RS_FINISHING;
     submit(r, j);
@@ -912,7 +913,8 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
          * (tests/faults/test_deliver_race.py). */
         bool settled = broadcast && jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_DONE &&
                        (jobs[i]->op.kind == STORE_OP_COMPLETE ||
-                        jobs[i]->op.kind == STORE_OP_RELEASE);
+                        jobs[i]->op.kind == STORE_OP_RELEASE ||
+                        (jobs[i]->op.kind == STORE_OP_EXTEND && jobs[i]->op.hold));
         uint8_t key[STORE_KEY_BYTES];
 
         memcpy(key, jobs[i]->op.key, STORE_KEY_BYTES);
@@ -1512,6 +1514,18 @@ static void respond_conflict(struct request *r)
                     "conflict", ra, false);
 }
 
+/* A duplicate of a held key (store_op.hold): its action ran but the result
+ * could not be stored, so the key stays taken until its TTL ends and
+ * waiting would not change that. 409 at once, Retry-After the hold's end. */
+static void respond_held(struct request *r, int64_t held_until_ms)
+{
+    long ra = idem_retry_after_seconds(held_until_ms, real_ms());
+    respond_problem(r, 409, "request-unstored", "Request result not stored",
+                    "a request with this Idempotency-Key ran, but its result could not be "
+                    "stored; the key cannot be used again until its TTL ends",
+                    "conflict", ra, false);
+}
+
 static void respond_mismatch(struct request *r)
 {
     respond_problem(r, 422, "key-reused", "Idempotency-Key reused",
@@ -1601,6 +1615,9 @@ static void lookup(struct request *r)
     case IDEM_LOOKUP_BUSY:
         begin_or_continue_wait(r, rec.lease_expires_ms);
         break;
+    case IDEM_LOOKUP_HELD:
+        respond_held(r, rec.lease_expires_ms);
+        break;
     case IDEM_LOOKUP_ACQUIRE:
         if (r->state == RS_WAITING && waiter_gone(r)) {
             /* The holder released the key after this client left: do not
@@ -1674,7 +1691,10 @@ static void on_job(struct request *r, struct writer_job *j)
             store_record_clear(&j->op.replay);
             break;
         case STORE_BUSY:
-            begin_or_continue_wait(r, j->op.lease_expires_ms);
+            if (j->op.held)
+                respond_held(r, j->op.lease_expires_ms);
+            else
+                begin_or_continue_wait(r, j->op.lease_expires_ms);
             break;
         case STORE_MISMATCH:
             respond_mismatch(r);

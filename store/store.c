@@ -150,6 +150,15 @@ static bool span_valid(struct store_span s)
     return s.ptr != NULL || s.len == 0;
 }
 
+bool store_lease_is_held(const uint8_t lease_id[STORE_LEASE_ID_BYTES])
+{
+    uint8_t any = 0;
+    for (size_t i = 0; i < STORE_LEASE_ID_BYTES; i++) {
+        any |= lease_id[i];
+    }
+    return any == 0;
+}
+
 /* Checks what every backend would otherwise have to check, before any
  * transaction starts, so that a bad op fails the call without side effects. */
 static bool op_valid(const struct store_op *op)

@@ -48,6 +48,10 @@
 #define STORE_LEASE_ID_BYTES 16
 #define STORE_FINGERPRINT_BYTES 32
 
+/* A held record (see store_op.hold) carries this lease id: all zero bytes,
+ * which no acquire hands out and no op's lease id matches. */
+bool store_lease_is_held(const uint8_t lease_id[STORE_LEASE_ID_BYTES]);
+
 /* Errors: every failing function returns one of these (negative). */
 enum store_error {
     STORE_OK = 0,
@@ -148,6 +152,12 @@ struct store_op {
     bool has_raw_fingerprint;                         /* in: acquire */
     uint8_t raw_fingerprint[STORE_FINGERPRINT_BYTES]; /* in: acquire, if has_raw_fingerprint */
     int64_t lease_ms;                           /* in: acquire, extend */
+    /* in: extend: hold the record instead of keeping a lease alive. For an
+     * action that ran but whose result cannot be stored: the record stays
+     * IN_PROGRESS until lease_ms from now, under a lease id nobody holds
+     * (store_lease_is_held), so its duplicates can tell at once that
+     * waiting will not help, and no op of any owner can settle it. */
+    bool hold;
     int64_t ttl_ms;                             /* in: acquire, complete */
     int status;                                 /* in: complete */
     struct store_span headers;                  /* in: complete */
@@ -156,6 +166,7 @@ struct store_op {
     enum store_outcome outcome; /* out */
     bool stolen;                /* out: acquire took over an expired lease */
     int64_t lease_expires_ms;   /* out: ACQUIRED: ours; BUSY: the holder's */
+    bool held;                  /* out: BUSY: the record is held (see hold) */
     /* out: with STORE_REPLAY, when want_replay is set, the stored record
      * (owned by the caller, free with store_record_clear()). */
     bool want_replay;           /* in */

@@ -516,6 +516,9 @@ static int new_lease_id(struct lmdb_store *s, uint8_t out[STORE_LEASE_ID_BYTES])
     }
     p = s->lease_random + sizeof(s->lease_random) - s->lease_random_left;
     memcpy(out, p, STORE_LEASE_ID_BYTES);
+    if (store_lease_is_held(out)) {
+        out[0] = 1; /* all zero marks a held record; odds 2^-128, but never */
+    }
     /* Handed out: the handle keeps no copy of a live capability. */
     OPENSSL_cleanse(p, STORE_LEASE_ID_BYTES);
     s->lease_random_left -= STORE_LEASE_ID_BYTES;
@@ -525,8 +528,11 @@ out:
 
 static bool lease_matches(const struct store_record_view *v, const uint8_t lease_id[])
 {
-    /* Constant time, so a caller cannot learn a lease id byte by byte. */
-    return CRYPTO_memcmp(v->lease_id, lease_id, STORE_LEASE_ID_BYTES) == 0;
+    /* Constant time, so a caller cannot learn a lease id byte by byte. A
+     * held record's id is nobody's: an op carrying it (a caller that never
+     * acquired) is fenced like any other stranger. */
+    return CRYPTO_memcmp(v->lease_id, lease_id, STORE_LEASE_ID_BYTES) == 0 &&
+           !store_lease_is_held(lease_id);
 }
 
 /* Takes a read transaction from the pool (renewed to the latest snapshot)
@@ -778,6 +784,7 @@ static uint64_t value_pages(const struct lmdb_store *s, size_t n)
 struct op_result {
     enum store_outcome outcome;
     bool stolen;
+    bool held;
     int64_t lease_expires_ms;
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
     struct store_record replay;
@@ -864,6 +871,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
         if (same_fp) {
             res->lease_expires_ms = cur.lease_expires_ms;
+            res->held = store_lease_is_held(cur.lease_id);
         }
         goto out;
     }
@@ -983,6 +991,9 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
         break;
     default: /* STORE_OP_EXTEND; the index follows expires_ms, not the lease */
         next.lease_expires_ms = add_ms(now, op->lease_ms);
+        if (op->hold) {
+            memset(next.lease_id, 0, STORE_LEASE_ID_BYTES);
+        }
         rc = record_put(s, txn, op->key, &next, where);
         res->lease_expires_ms = next.lease_expires_ms;
         break;
@@ -1271,6 +1282,7 @@ static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t m
         op->outcome = res[i].outcome;
         op->stolen = res[i].stolen;
         op->lease_expires_ms = res[i].lease_expires_ms;
+        op->held = res[i].held;
         if (op->kind == STORE_OP_ACQUIRE) {
             memcpy(op->lease_id, res[i].lease_id, STORE_LEASE_ID_BYTES);
         }

@@ -8,8 +8,10 @@ kernel limit) caps the data file at 4 MiB while map_size is 64 MiB, and
 every answer is 8 KiB, so small acquires fit long after completions need
 the file to grow (README, Failure policy)."""
 
+import json
 import resource
 import signal
+import subprocess
 import time
 import unittest
 
@@ -137,6 +139,54 @@ class DiskFull(harness.ProxyTestCase):
                                                 ("X-Test-Size", "8192")])
         self.assertEqual(ok.status, 201, ok)
         self.assertTrue(self.post(proxy, "small").replayed)
+
+    def test_held_key_is_answered_at_once(self):
+        """A key held after its result could not be stored: duplicates
+        (one already waiting, and later retries) get 409
+        request-unstored at once, not after the route's whole wait, with
+        Retry-After the TTL's end; the action ran once."""
+        limit = 2 << 20
+        def small_file():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        wait_s = 10.0
+        cfg = self.config(routes=[self.route(ttl="1h", wait="%gs" % wait_s)],
+                          store={"map_size": "64MiB"})
+        proxy = self.start_proxy(config=cfg, preexec_fn=small_file)
+        size = 3 << 20
+        hdrs = [("X-Test-Fault", "huge"), ("X-Test-Size", str(size)),
+                ("X-Test-Delay-Ms", "1000")]
+        first = harness.in_thread(self.post, proxy, "held", headers=hdrs)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("held") == 1),
+                        "the first request never reached the upstream")
+        t0 = time.monotonic()
+        waiter = self.post(proxy, "held", headers=hdrs)
+        waited = time.monotonic() - t0
+        self.assertEqual(first.result(timeout=30).status, 201)
+        doc = self.assertProblem(waiter, 409)
+        self.assertTrue(doc["type"].endswith(":request-unstored"), doc)
+        self.assertLess(waited, wait_s / 2,
+                        "the waiting duplicate waited %.1f s for a key that was held" % waited)
+        self.assertRetryAfter(waiter, minimum=3000)
+        for _ in range(3):
+            t0 = time.monotonic()
+            again = self.post(proxy, "held", headers=hdrs[:2])
+            took = time.monotonic() - t0
+            doc = self.assertProblem(again, 409)
+            self.assertTrue(doc["type"].endswith(":request-unstored"), doc)
+            self.assertLess(took, wait_s / 4, "a retry of a held key waited %.1f s" % took)
+            self.assertRetryAfter(again, minimum=3000)
+        self.assertEqual(self.upstream.count("held"), 1)
+        self.assertTrue(harness.wait_for(lambda: len(
+            [e for e in proxy.access_log() if e.get("problem") == "request-unstored"]) == 4),
+            "access log: %r" % proxy.access_log()[-5:])
+        for e in [e for e in proxy.access_log() if e.get("problem") == "request-unstored"]:
+            self.assertEqual(e["outcome"], "conflict", e)
+        # Operators can see it: check-store counts the held record.
+        out = subprocess.run([harness.binary(), "check-store", self.store_path],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        summary = json.loads(out.stdout.decode().splitlines()[-1])
+        self.assertEqual(summary.get("held"), 1, summary)
 
     def test_full_file_system_is_said_once_on_stderr(self):
         """Operators see why new keys get 503: one line naming the file

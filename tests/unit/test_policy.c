@@ -1078,13 +1078,14 @@ static int64_t at(enum when w)
 /* The record as the store would have it; the canonical fingerprint of the
  * request is 0x11 bytes, the record's 0x11 (same) or 0x22 (other). The raw
  * fingerprints always differ, so the canonical ones decide. */
-static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum when lease,
-                                      enum when ttl)
+static enum idem_lookup_action lookup_lease(enum store_state st, bool same_fp, enum when lease,
+                                            enum when ttl, bool held)
 {
     struct store_record rec;
     struct idem_fingerprints fp;
 
     memset(&rec, 0, sizeof(rec));
+    memset(rec.lease_id, held ? 0x00 : 0x55, sizeof(rec.lease_id));
     memset(&fp, 0, sizeof(fp));
     memset(fp.raw, 0x33, sizeof(fp.raw));
     memset(fp.canonical, 0x11, sizeof(fp.canonical));
@@ -1098,6 +1099,12 @@ static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum wh
     if (st == STORE_STATE_COMPLETE)
         rec.status = 201;
     return idem_decide_lookup(&rec, &fp, now_ms);
+}
+
+static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum when lease,
+                                      enum when ttl)
+{
+    return lookup_lease(st, same_fp, lease, ttl, false);
 }
 
 static void test_decide_lookup_table(void **state)
@@ -1152,6 +1159,24 @@ static void test_decide_lookup_named_cases(void **state)
     assert_int_equal(lookup(STORE_STATE_IN_PROGRESS, true, FUTURE, PAST), IDEM_LOOKUP_BUSY);
 }
 
+/* A held record (the action ran, its result could not be stored): a
+ * duplicate learns it at once instead of waiting; a different request is
+ * still a mismatch, and once the hold ends the key is free again. */
+static void test_decide_lookup_held(void **state)
+{
+    (void)state;
+    assert_int_equal(lookup_lease(STORE_STATE_IN_PROGRESS, true, FUTURE, FUTURE, true),
+                     IDEM_LOOKUP_HELD);
+    assert_int_equal(lookup_lease(STORE_STATE_IN_PROGRESS, true, FUTURE, PAST, true),
+                     IDEM_LOOKUP_HELD);
+    assert_int_equal(lookup_lease(STORE_STATE_IN_PROGRESS, false, FUTURE, FUTURE, true),
+                     IDEM_LOOKUP_MISMATCH);
+    assert_int_equal(lookup_lease(STORE_STATE_IN_PROGRESS, true, NOW, FUTURE, true),
+                     IDEM_LOOKUP_ACQUIRE);
+    assert_int_equal(lookup_lease(STORE_STATE_IN_PROGRESS, true, PAST, PAST, true),
+                     IDEM_LOOKUP_ACQUIRE);
+}
+
 /* A request of the lookup tests below: POST /v1/payments with a JSON body. */
 static void request_fp(struct idem_fingerprints *fp, const char *body, const char *ctype,
                        enum config_fingerprint mode)
@@ -1201,6 +1226,7 @@ static void test_lookup_raw_match_skips_canonical(void **state)
     /* The same for a live IN_PROGRESS record: busy, without canonicalising. */
     rec.state = STORE_STATE_IN_PROGRESS;
     rec.lease_expires_ms = now_ms + 1000;
+    memset(rec.lease_id, 0x55, sizeof(rec.lease_id));
     assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_BUSY);
     assert_false(fp.canonical_ready);
 }
@@ -1548,6 +1574,7 @@ int main(void)
         cmocka_unit_test(test_headers_find_count),
         cmocka_unit_test(test_decide_lookup_table),
         cmocka_unit_test(test_decide_lookup_named_cases),
+        cmocka_unit_test(test_decide_lookup_held),
         cmocka_unit_test(test_decide_record_default_release_on),
         cmocka_unit_test(test_decide_record_configured_release_on),
         cmocka_unit_test(test_decide_record_on_unknown),

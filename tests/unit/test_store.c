@@ -517,6 +517,61 @@ static void test_extend_prevents_steal(void **state)
     assert_true(o.stolen);
 }
 
+/* Hold: an owner whose action ran but whose result cannot be stored keeps
+ * the key taken until its TTL, under a lease nobody has. */
+static void test_hold_takes_the_lease_from_everyone(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_op h;
+    struct store_op other;
+    struct store_record rec;
+    static const uint8_t zero[STORE_LEASE_ID_BYTES];
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "busy", 'a', 1000, 60000, &other), STORE_ACQUIRED);
+    advance(f, 100);
+    memset(&h, 0, sizeof(h));
+    h.kind = STORE_OP_EXTEND;
+    key_of("k", h.key);
+    memcpy(h.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    h.lease_ms = 60000;
+    h.hold = true;
+    assert_int_equal(store_apply(f->st, &h, 1), 0);
+    assert_int_equal(h.outcome, STORE_DONE);
+
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(rec.lease_id, zero, STORE_LEASE_ID_BYTES);
+    assert_true(store_lease_is_held(rec.lease_id));
+    assert_int_equal(rec.lease_expires_ms, T0 + 100 + 60000);
+    store_record_clear(&rec);
+
+    /* A duplicate is told it is held; a live owner's key is not. */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+    assert_true(b.held);
+    assert_int_equal(b.lease_expires_ms, T0 + 100 + 60000);
+    assert_int_equal(acquire(f->st, "busy", 'a', 1000, 60000, &b), STORE_BUSY);
+    assert_false(b.held);
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_MISMATCH);
+
+    /* Neither the former owner nor the all-zero id settles it. */
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "late"), STORE_FENCED);
+    assert_int_equal(release(f->st, "k", a.lease_id), STORE_FENCED);
+    assert_int_equal(extend(f->st, "k", a.lease_id, 1000), STORE_FENCED);
+    assert_int_equal(complete(f->st, "k", zero, 60000, "forged"), STORE_FENCED);
+    assert_int_equal(release(f->st, "k", zero), STORE_FENCED);
+    assert_int_equal(extend(f->st, "k", zero, 1000), STORE_FENCED);
+    assert_int_equal(state_of(f->st, "k"), STORE_STATE_IN_PROGRESS);
+
+    /* When the hold ends the key is an expired lease like any other. */
+    advance(f, 60000);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+    assert_false(store_lease_is_held(b.lease_id));
+}
+
 static void test_ttl_counts_from_completion(void **state)
 {
     struct fixture *f = *state;
@@ -2880,6 +2935,7 @@ int main(void)
         STORE_TEST(test_expired_lease_holder_may_still_complete),
         STORE_TEST(test_extend_is_silent_noop_otherwise),
         STORE_TEST(test_extend_prevents_steal),
+        STORE_TEST(test_hold_takes_the_lease_from_everyone),
         STORE_TEST(test_ttl_counts_from_completion),
         STORE_TEST(test_expired_complete_is_absent_before_purge),
         STORE_TEST(test_purge_deletes_expired_complete),
