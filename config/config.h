@@ -65,6 +65,7 @@ struct config_upstream {
     int64_t connect_timeout_ms;
     int64_t timeout_ms;
     uint64_t max_response_bytes; /* larger responses: 502, record released */
+    int64_t resolve_interval_ms; /* the upstream's name is looked up again this often */
 };
 
 struct config_store {

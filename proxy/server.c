@@ -1229,6 +1229,9 @@ static int start_upstream(struct request *r)
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->upstream.connect_timeout_ms);
+    /* The same freshness as the native client's resolver. */
+    curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
+                     (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)cfg->upstream.timeout_ms);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->curl_headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_upstream_header);
@@ -3190,7 +3193,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
             srv->upstream_base[--l] = '\0';
     }
     if (cfg->upstream.client == CONFIG_UPSTREAM_NATIVE &&
-        upstream_origin_new(srv->upstream_base, &srv->origin, err, errlen) != 0)
+        upstream_origin_new(srv->upstream_base, cfg->upstream.resolve_interval_ms, &srv->origin,
+                            err, errlen) != 0)
         goto fail;
     for (unsigned i = 0; i < n; i++) {
         srv->workers[i].srv = srv;
@@ -3248,8 +3252,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
                 host, port, n, srv->upstream_base, cfg->store.path);
         if (srv->origin != NULL && !upstream_origin_resolved(srv->origin))
             fprintf(stderr,
-                    "idemproxy: warning: the upstream's host does not resolve; every forwarded "
-                    "request gets 502 until a restart resolves it\n");
+                    "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
+                    "requests get 502 until it does (looked up again every second)\n");
     }
     *out = srv;
     return 0;

@@ -23,6 +23,8 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -440,18 +442,163 @@ bool upstream_parse_keep_alive(const struct upstream_parser *p)
 
 /* ---- the origin ------------------------------------------------------------ */
 
+/* One resolution of the origin's name: shared by the connections opened
+ * from it, freed when the last of them and the origin let go. */
+struct upstream_addrs {
+    atomic_uint refs;
+    struct addrinfo *ai;
+};
+
+static void addrs_put(struct upstream_addrs *a)
+{
+    if (a != NULL && atomic_fetch_sub(&a->refs, 1) == 1) {
+        freeaddrinfo(a->ai);
+        free(a);
+    }
+}
+
 struct upstream_origin {
-    struct addrinfo *addrs; /* NULL: the name did not resolve */
-    char *host_header;      /* "host[:port]", as libcurl wrote it */
+    char *host_header; /* "host[:port]", as libcurl wrote it */
     size_t host_header_len;
     char *base; /* the URL's path, without trailing slashes ("" for none) */
     size_t base_len;
+    char host[256], port[8];
+    int64_t resolve_interval_ms;
+
+    /* The addresses new connections use; NULL while the name does not
+     * resolve. A literal address is resolved once; a name is resolved
+     * again every resolve_interval_ms by the resolver thread, and at once
+     * (at most once a second) when a worker finds no address that
+     * connects, so a changed or late DNS answer is picked up without a
+     * restart. lock guards cur, want_now and stop. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct upstream_addrs *cur;
+    bool want_now, stop, thread_started;
+    bool resolving; /* the thread is in getaddrinfo */
+    bool orphaned;  /* freed meanwhile: the thread frees the origin */
+    pthread_t thread;
 };
 
-int upstream_origin_new(const char *url, struct upstream_origin **out, char *err, size_t errlen)
+static void origin_destroy(struct upstream_origin *o);
+
+static int64_t origin_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* getaddrinfo, off every worker's event loop. */
+static struct upstream_addrs *origin_resolve(const struct upstream_origin *o)
+{
+    struct addrinfo hints = {0};
+    struct upstream_addrs *a = calloc(1, sizeof(*a));
+
+    if (a == NULL)
+        return NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    if (getaddrinfo(o->host, o->port, &hints, &a->ai) != 0 || a->ai == NULL) {
+        free(a);
+        return NULL;
+    }
+    atomic_init(&a->refs, 1);
+    return a;
+}
+
+/* The addresses to connect to, with a reference the caller puts back; NULL
+ * when the name does not resolve (now). */
+static struct upstream_addrs *origin_addrs(struct upstream_origin *o)
+{
+    struct upstream_addrs *a;
+
+    pthread_mutex_lock(&o->lock);
+    a = o->cur;
+    if (a != NULL)
+        atomic_fetch_add(&a->refs, 1);
+    pthread_mutex_unlock(&o->lock);
+    return a;
+}
+
+/* A worker found no address that connects (or none at all): resolve again
+ * soon. */
+static void origin_resolve_soon(struct upstream_origin *o)
+{
+    if (!o->thread_started)
+        return;
+    pthread_mutex_lock(&o->lock);
+    if (!o->want_now) {
+        o->want_now = true;
+        pthread_cond_signal(&o->cond);
+    }
+    pthread_mutex_unlock(&o->lock);
+}
+
+static void *resolver_main(void *arg)
+{
+    struct upstream_origin *o = arg;
+    int64_t next_ms = origin_now_ms() + o->resolve_interval_ms;
+    int64_t last_ms = origin_now_ms();
+
+    pthread_mutex_lock(&o->lock);
+    while (!o->stop) {
+        int64_t now = origin_now_ms();
+        /* Asked for at once: still at most once a second. */
+        int64_t due = o->want_now && last_ms + 1000 < next_ms ? last_ms + 1000 : next_ms;
+        if (now < due) {
+            struct timespec ts;
+            int64_t wait = due - now;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += (time_t)(wait / 1000);
+            ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&o->cond, &o->lock, &ts);
+            continue;
+        }
+        o->want_now = false;
+        o->resolving = true;
+        pthread_mutex_unlock(&o->lock);
+        {
+            struct upstream_addrs *fresh = origin_resolve(o);
+            struct upstream_addrs *old = NULL;
+            last_ms = origin_now_ms();
+            /* A failed lookup keeps the addresses there are: a DNS server
+             * that is down for a moment must not take a working upstream
+             * away. Without any, it is tried again every second. */
+            pthread_mutex_lock(&o->lock);
+            o->resolving = false;
+            if (o->orphaned) {
+                /* The proxy stopped during a slow lookup and did not wait. */
+                pthread_mutex_unlock(&o->lock);
+                addrs_put(fresh);
+                origin_destroy(o);
+                return NULL;
+            }
+            if (fresh != NULL) {
+                old = o->cur;
+                o->cur = fresh;
+            }
+            next_ms = last_ms + (o->cur == NULL ? 1000 : o->resolve_interval_ms);
+            pthread_mutex_unlock(&o->lock);
+            addrs_put(old);
+        }
+        pthread_mutex_lock(&o->lock);
+    }
+    pthread_mutex_unlock(&o->lock);
+    return NULL;
+}
+
+int upstream_origin_new(const char *url, int64_t resolve_interval_ms, struct upstream_origin **out,
+                        char *err, size_t errlen)
 {
     struct upstream_origin *o = NULL;
     struct addrinfo hints = {0};
+    struct addrinfo *numeric = NULL;
     const char *auth, *path, *host, *port = NULL;
     char hostbuf[256], portbuf[8];
     size_t auth_len, host_len;
@@ -501,6 +648,17 @@ int upstream_origin_new(const char *url, struct upstream_origin **out, char *err
     o = calloc(1, sizeof(*o));
     if (o == NULL)
         goto nomem;
+    pthread_mutex_init(&o->lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&o->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    memcpy(o->host, hostbuf, host_len + 1);
+    memcpy(o->port, portbuf, strlen(portbuf) + 1);
+    o->resolve_interval_ms = resolve_interval_ms > 0 ? resolve_interval_ms : 30000;
     {
         /* libcurl's Host: the host as written (IPv6 in brackets), plus
          * ":port" unless it is the scheme's default. */
@@ -522,11 +680,19 @@ int upstream_origin_new(const char *url, struct upstream_origin **out, char *err
         goto nomem;
     memcpy(o->base, path, o->base_len);
     o->base[o->base_len] = '\0';
+    o->cur = origin_resolve(o); /* NULL: every exchange NOT_SENT until it resolves */
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    if (getaddrinfo(hostbuf, portbuf, &hints, &o->addrs) != 0)
-        o->addrs = NULL; /* every exchange: NOT_SENT, see upstream.h */
+    hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
+    if (getaddrinfo(hostbuf, portbuf, &hints, &numeric) == 0) {
+        freeaddrinfo(numeric); /* a literal address: nothing to resolve again */
+    } else {
+        if (pthread_create(&o->thread, NULL, resolver_main, o) != 0) {
+            snprintf(err, errlen, "upstream: cannot start the resolver thread");
+            goto out;
+        }
+        o->thread_started = true;
+    }
     *out = o;
     o = NULL;
     rc = 0;
@@ -541,17 +707,41 @@ out:
     return rc;
 }
 
-bool upstream_origin_resolved(const struct upstream_origin *o)
+bool upstream_origin_resolved(struct upstream_origin *o)
 {
-    return o->addrs != NULL;
+    struct upstream_addrs *a = origin_addrs(o);
+    addrs_put(a);
+    return a != NULL;
 }
 
 void upstream_origin_free(struct upstream_origin *o)
 {
     if (o == NULL)
         return;
-    if (o->addrs != NULL)
-        freeaddrinfo(o->addrs);
+    if (o->thread_started) {
+        bool busy;
+        pthread_mutex_lock(&o->lock);
+        o->stop = true;
+        busy = o->resolving;
+        o->orphaned = busy;
+        pthread_cond_signal(&o->cond);
+        pthread_mutex_unlock(&o->lock);
+        if (busy) {
+            /* A lookup can take the resolver's whole timeout (seconds, with
+             * a DNS server down): stopping does not wait for it. */
+            pthread_detach(o->thread);
+            return;
+        }
+        pthread_join(o->thread, NULL);
+    }
+    origin_destroy(o);
+}
+
+static void origin_destroy(struct upstream_origin *o)
+{
+    addrs_put(o->cur);
+    pthread_cond_destroy(&o->cond);
+    pthread_mutex_destroy(&o->lock);
     free(o->host_header);
     free(o->base);
     free(o);
@@ -564,6 +754,7 @@ struct upstream_conn {
     bool connecting;
     unsigned uses; /* exchanges answered on it */
     uint32_t events;
+    struct upstream_addrs *addrs;      /* the resolution addr is from (a reference) */
     const struct addrinfo *addr;       /* the address it connects to */
     struct upstream_exchange *x;       /* NULL while idle */
     struct upstream_conn *prev, *next; /* idle list */
@@ -594,7 +785,7 @@ struct upstream_exchange {
 };
 
 struct upstream_pool {
-    const struct upstream_origin *o;
+    struct upstream_origin *o;
     struct upstream_options opt;
     int epfd;
     uint64_t ep_tag;
@@ -668,6 +859,7 @@ static void conn_close(struct upstream_pool *p, struct upstream_conn *c)
         p->by_fd[c->fd] = NULL;
     /* Closing the descriptor drops its epoll registration. */
     close(c->fd);
+    addrs_put(c->addrs);
     free(c);
 }
 
@@ -702,7 +894,9 @@ static void x_close_conn(struct upstream_exchange *x)
     }
 }
 
-static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai);
+static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
+                      const struct addrinfo *ai);
+static void x_connect_fresh(struct upstream_exchange *x);
 static bool x_write(struct upstream_exchange *x);
 
 /*
@@ -721,19 +915,28 @@ static void x_conn_failed(struct upstream_exchange *x)
     bool connecting = c->connecting;
     bool reused = c->uses > 0;
     const struct addrinfo *next = c->addr != NULL ? c->addr->ai_next : NULL;
+    struct upstream_addrs *addrs = c->addrs;
 
+    if (addrs != NULL)
+        atomic_fetch_add(&addrs->refs, 1); /* next lives in it */
     x_close_conn(x);
     if (connecting) {
-        if (next != NULL)
-            x_connect(x, next);
-        else
+        if (next != NULL) {
+            x_connect(x, addrs, next);
+        } else {
+            /* No address of this resolution connects: the name may point
+             * elsewhere now. */
+            origin_resolve_soon(x->pool->o);
             x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+        }
+        addrs_put(addrs);
         return;
     }
+    addrs_put(addrs);
     if (reused && !x->parser.seen_byte && !x->retried && (x->written == 0 || x->may_retry)) {
         x->retried = true;
         x->written = 0;
-        x_connect(x, x->pool->o->addrs);
+        x_connect_fresh(x);
         return;
     }
     x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
@@ -910,8 +1113,24 @@ static int pool_track(struct upstream_pool *p, struct upstream_conn *c)
     return 0;
 }
 
-/* Opens a fresh connection to ai (then the following addresses) for x. */
-static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai)
+/* Opens a connection for x to the origin's current addresses. */
+static void x_connect_fresh(struct upstream_exchange *x)
+{
+    struct upstream_addrs *addrs = origin_addrs(x->pool->o);
+
+    if (addrs == NULL) {
+        origin_resolve_soon(x->pool->o);
+        x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
+        return;
+    }
+    x_connect(x, addrs, addrs->ai);
+    addrs_put(addrs);
+}
+
+/* Opens a fresh connection to ai (then the following addresses of addrs)
+ * for x; the connection takes its own reference to addrs. */
+static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
+                      const struct addrinfo *ai)
 {
     struct upstream_pool *p = x->pool;
 
@@ -938,6 +1157,8 @@ static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai)
         memset(c, 0, sizeof(*c));
         c->fd = fd;
         c->cap = p->buf_bytes;
+        atomic_fetch_add(&addrs->refs, 1);
+        c->addrs = addrs;
         c->addr = ai;
         c->connecting = rc != 0;
         c->events = c->connecting ? EPOLLOUT : EPOLLIN | EPOLLRDHUP;
@@ -957,6 +1178,7 @@ static void x_connect(struct upstream_exchange *x, const struct addrinfo *ai)
             x_write(x);
         return;
     }
+    origin_resolve_soon(p->o);
     x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
 }
 
@@ -1028,7 +1250,7 @@ static char *build_head(const struct upstream_origin *o, const struct upstream_r
     return head;
 }
 
-int upstream_pool_new(const struct upstream_origin *o, const struct upstream_options *opt, int epfd,
+int upstream_pool_new(struct upstream_origin *o, const struct upstream_options *opt, int epfd,
                       uint64_t ep_tag, struct upstream_pool **out)
 {
     struct upstream_pool *p = calloc(1, sizeof(*p));
@@ -1107,7 +1329,7 @@ int upstream_start(struct upstream_pool *p, const struct upstream_request *req, 
         x->conn = c;
         x_write(x);
     } else {
-        x_connect(x, p->o->addrs);
+        x_connect_fresh(x);
     }
     return 0;
 }

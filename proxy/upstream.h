@@ -10,14 +10,16 @@
  * origin, plain http://, HTTP/1.1, no redirects, no proxies, no cookies.
  *
  * Caveats:
- *  - The origin's host name is resolved once, at start (getaddrinfo); its
- *    addresses are tried in order on every new connection.
+ *  - The origin's host name is resolved at start (getaddrinfo) and again
+ *    every resolve interval, off the workers' loops; the latest addresses
+ *    are tried in order on every new connection, while open connections
+ *    stay where they are.
  *  - A request is sent at most twice: only when a reused connection fails
  *    before any response byte, and only when the caller allows it
  *    (upstream_request.may_retry) or nothing of the request was written.
  *  - Everything here except the origin runs on one worker thread: a pool
- *    and its exchanges are not thread-safe. The origin is read-only after
- *    upstream_origin_new() and may be shared by every worker.
+ *    and its exchanges are not thread-safe. The origin may be shared by
+ *    every worker: its addresses are swapped under a lock.
  */
 #ifndef IDEM_UPSTREAM_H
 #define IDEM_UPSTREAM_H
@@ -99,11 +101,15 @@ bool upstream_parse_keep_alive(const struct upstream_parser *p);
 struct upstream_origin;
 
 /* Parses http://host[:port][/base] and resolves host. A name that does not
- * resolve is not an error: every exchange then ends NOT_SENT (as libcurl's
- * "could not resolve" did). err gets one line on failure. */
-int upstream_origin_new(const char *url, struct upstream_origin **out, char *err, size_t errlen);
-/* Did the host resolve at start? (For a warning: requests then get 502.) */
-bool upstream_origin_resolved(const struct upstream_origin *o);
+ * resolve is not an error: exchanges end NOT_SENT (as libcurl's "could not
+ * resolve" did) until it does. A name (not a literal address) is resolved
+ * again every resolve_interval_ms (<= 0: 30 s) on a thread of the origin's
+ * own, and soon (at most once a second) after no address connected, so new
+ * connections follow a changed name. err gets one line on failure. */
+int upstream_origin_new(const char *url, int64_t resolve_interval_ms, struct upstream_origin **out,
+                        char *err, size_t errlen);
+/* Does the host resolve now? (For a warning at start: requests get 502.) */
+bool upstream_origin_resolved(struct upstream_origin *o);
 /* upstream_origin_free(NULL) is a no-op. */
 void upstream_origin_free(struct upstream_origin *o);
 
@@ -139,7 +145,7 @@ struct upstream_exchange;
  * (the worker's event encoding) and expects upstream_event() for them.
  * The origin must outlive the pool.
  */
-int upstream_pool_new(const struct upstream_origin *o, const struct upstream_options *opt, int epfd,
+int upstream_pool_new(struct upstream_origin *o, const struct upstream_options *opt, int epfd,
                       uint64_t ep_tag, struct upstream_pool **out);
 /* Closes every connection; exchanges must all be freed or cancelled.
  * upstream_pool_free(NULL) is a no-op. */

@@ -295,9 +295,10 @@ class Conn:
         return True
 
 
-def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.0, **kw):
+def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.0,
+            host="127.0.0.1", **kw):
     """One request on a fresh connection."""
-    with Conn(port, timeout=timeout) as c:
+    with Conn(port, host=host, timeout=timeout) as c:
         return c.request(method, path, headers, body, chunked=chunked, **kw)
 
 
@@ -362,9 +363,10 @@ def in_thread(fn, *args, **kwargs):
 class Upstream:
     """tests/upstream/upstream.py in a child process."""
 
-    def __init__(self, workdir, name="upstream", host="127.0.0.1"):
+    def __init__(self, workdir, name="upstream", host="127.0.0.1", port=0):
         self.workdir = workdir
         self.host = host  # "::1" for an IPv6 upstream
+        self.want_port = port  # 0: any free port
         self.port_file = os.path.join(workdir, name + ".port")
         self.log_path = os.path.join(workdir, name + ".executions.jsonl")
         self.stderr_path = os.path.join(workdir, name + ".stderr")
@@ -381,7 +383,7 @@ class Upstream:
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, UPSTREAM_PY, "--listen",
-                 ("[%s]:0" if ":" in self.host else "%s:0") % self.host,
+                 ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.want_port),
                  "--port-file", self.port_file, "--log", self.log_path],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -406,7 +408,7 @@ class Upstream:
             return None
 
     def _get(self, path):
-        return request(self.port, "GET", path).json()
+        return request(self.port, "GET", path, host=self.host).json()
 
     def executions(self):
         """{"total": N, "by_key": {key: count}}"""

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The upstream's host name is looked up again (upstream.resolve_interval),
+so new connections follow a changed DNS answer without a restart, and a
+name that did not resolve at start (DNS not ready yet) starts working once
+it does. Before, the native client resolved once at start: a moved upstream
+got 502s until a restart, and one unresolvable at start stayed so.
+
+The name is a line of /etc/hosts, which getaddrinfo reads on every lookup:
+appended for the test, its last address byte rewritten in place to move it
+(127.0.0.2 -> 127.0.0.3, two upstreams on one port), the file cut back to
+its old length at the end. This needs root, as CI and the Quick start have;
+without it the test fails and says so rather than skipping."""
+
+import fcntl
+import os
+import time
+import unittest
+
+import harness
+
+HOSTS = "/etc/hosts"
+# Tests that edit /etc/hosts take turns (ctest runs this file twice at
+# once, once per upstream client): each appends at the end and cuts back to
+# the length it found.
+HOSTS_LOCK = "/tmp/idemproxy-e2e-etc-hosts.lock"
+
+
+class HostsEntry:
+    """One line "127.0.0.N name" at the end of /etc/hosts, changed in place
+    (one byte) so a concurrent reader never sees a half-written file."""
+
+    def __init__(self, name):
+        self.name = name
+        self.orig_size = None
+        self.digit_at = None
+
+    def add(self, last_octet):
+        with open(HOSTS, "r+b") as f:
+            data = f.read()
+            self.orig_size = len(data)
+            lead = b"" if data.endswith(b"\n") or not data else b"\n"
+            line = b"127.0.0.%d %s\n" % (last_octet, self.name.encode())
+            f.write(lead + line)
+            self.digit_at = self.orig_size + len(lead) + len("127.0.0.")
+
+    def move(self, last_octet):
+        assert 0 <= last_octet <= 9
+        fd = os.open(HOSTS, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"%d" % last_octet, self.digit_at)
+        finally:
+            os.close(fd)
+
+    def remove(self):
+        if self.orig_size is None:
+            return
+        with open(HOSTS, "r+b") as f:
+            data = f.read()
+            ours = data[self.orig_size:]
+            if ours.strip().endswith(self.name.encode()):
+                f.truncate(self.orig_size)
+            else:  # not what we left: take out our line only
+                keep = b"".join(l for l in data.splitlines(True)
+                                if not l.rstrip().endswith(b" " + self.name.encode()))
+                f.seek(0)
+                f.write(keep)
+                f.truncate(len(keep))
+        self.orig_size = None
+
+
+class NameResolvedAgain(harness.ProxyTestCase):
+    def setUp(self):
+        super().setUp()
+        if not os.access(HOSTS, os.W_OK):
+            self.fail("this test edits %s to move a host name and needs root "
+                      "(run the suite as CI does)" % HOSTS)
+        lock = open(HOSTS_LOCK, "a")
+        self.addCleanup(lock.close)  # (closing releases the lock)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        self.hosts = HostsEntry("idemproxy-e2e-up-%d-%s" % (os.getpid(), self._testMethodName[-8:]))
+        self.addCleanup(self.hosts.remove)
+
+    def proxy_for(self, port):
+        cfg = self.config(upstream_url="http://%s:%d" % (self.hosts.name, port))
+        cfg["upstream"]["resolve_interval"] = "1s"
+        return self.start_proxy(config=cfg)
+
+    def test_new_connections_follow_a_moved_name(self):
+        old = harness.Upstream(self.workdir, "old", host="127.0.0.2").start()
+        self.addCleanup(old.stop)
+        new = harness.Upstream(self.workdir, "new", host="127.0.0.3", port=old.port).start()
+        self.addCleanup(new.stop)
+        self.hosts.add(2)
+        proxy = self.proxy_for(old.port)
+
+        first = self.post(proxy, "before-move")
+        self.assertEqual(first.status, 201, first)
+        self.assertEqual(old.count("before-move"), 1)
+
+        # The name moves; a few resolve intervals later the old instance
+        # goes away (its connections close). The next request needs a new
+        # connection, which goes to the new address at once: no 502.
+        self.hosts.move(3)
+        time.sleep(3.0)
+        old.stop()
+        time.sleep(0.5)  # the proxy sees the pooled connections close
+        after = self.post(proxy, "after-move")
+        self.assertEqual(after.status, 201, "the first request after the move: %r" % after)
+        self.assertEqual(new.count("after-move"), 1)
+        self.assertEqual(new.count("before-move"), 0)
+        self.assertTrue(self.post(proxy, "before-move").replayed)
+        self.assertTrue(proxy.running())
+
+    def test_name_that_resolves_late_starts_working(self):
+        up = harness.Upstream(self.workdir, "late", host="127.0.0.2").start()
+        self.addCleanup(up.stop)
+        proxy = self.proxy_for(up.port)  # the name is not in /etc/hosts yet
+        if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") != "libcurl":
+            # The native client looks the name up at start and says so.
+            self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
+                            "no warning at start: %r" % proxy.stderr()[-500:])
+        early = self.post(proxy, "too-early")
+        self.assertProblem(early, 502)
+        self.assertEqual(up.count("too-early"), 0)
+
+        self.hosts.add(2)
+        # A lookup already under way (a DNS server that is slow to say
+        # "no such name") finishes first: allow for the resolver's timeout.
+        deadline = time.monotonic() + 40.0
+        r = None
+        while time.monotonic() < deadline:
+            r = self.post(proxy, "too-early")  # released: the same key may run
+            if r.status == 201:
+                break
+            self.assertEqual(r.status, 502, r)
+            time.sleep(0.2)
+        self.assertEqual(r.status, 201, "the name resolved, the proxy never used it: %r" % r)
+        self.assertEqual(up.count("too-early"), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
