@@ -145,9 +145,10 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%lld,"
                "\"expires_ms\":%lld,\"status\":%d,\"body_bytes\":%zu}\n",
                state,
-               rec->state == STORE_STATE_IN_PROGRESS && store_lease_is_held(rec->lease_id)
+               rec->state == STORE_STATE_IN_PROGRESS && rec->lease_expires_ms > c->now_ms &&
+                       store_lease_is_held(rec->lease_id)
                    ? "true"
-                   : "false",
+                   : "false", /* as in the summary: a hold that ended is stealable */
                (long long)rec->lease_expires_ms, (long long)rec->expires_ms,
                rec->state == STORE_STATE_COMPLETE ? rec->status : 0, rec->body_len);
     }

@@ -689,8 +689,7 @@ enum idem_field_kind idem_field_line_split(const char *line, size_t n,
      * (section 5.1) rather than lose the field. */
     while (out->name_len > 0 && (line[out->name_len - 1] == ' ' || line[out->name_len - 1] == '\t'))
         out->name_len--;
-    if (out->name_len == 0)
-        return IDEM_FIELD_SKIP;
+    /* The name is not empty: line[0] is neither white space nor the colon. */
     out->value = colon + 1;
     out->value_len = n - (size_t)(colon - line) - 1;
     trim_ows(&out->value, &out->value_len);

@@ -157,7 +157,7 @@ enum idem_field_kind {
                      * the colon, removed) */
     IDEM_FIELD_FOLD,/* obs-fold: more value for the previous field, trimmed;
                      * the caller joins it with one space (section 5.2) */
-    IDEM_FIELD_SKIP,/* nothing to keep: an empty fold, or an empty name */
+    IDEM_FIELD_SKIP,/* nothing to keep: a fold of white space only */
     IDEM_FIELD_BAD  /* no colon, or a colon first: not a field line */
 };
 struct idem_field_line {

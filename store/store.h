@@ -107,6 +107,9 @@ const char *store_outcome_name(enum store_outcome o);
  */
 struct store_record {
     enum store_state state;
+    /* Always the stored id: all zero bytes mean a held record
+     * (store_lease_is_held), so code that builds or copies an IN_PROGRESS
+     * record must carry its id over, never leave it zeroed. */
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
     int64_t lease_expires_ms;
     int64_t expires_ms;
