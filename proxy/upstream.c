@@ -539,10 +539,12 @@ static void origin_resolve_soon(struct upstream_origin *o)
 static void *resolver_main(void *arg)
 {
     struct upstream_origin *o = arg;
-    int64_t next_ms = origin_now_ms() + o->resolve_interval_ms;
     int64_t last_ms = origin_now_ms();
+    int64_t next_ms;
 
     pthread_mutex_lock(&o->lock);
+    /* A name that did not resolve at start is tried again every second. */
+    next_ms = last_ms + (o->cur == NULL ? 1000 : o->resolve_interval_ms);
     while (!o->stop) {
         int64_t now = origin_now_ms();
         /* Asked for at once: still at most once a second. */
@@ -724,14 +726,16 @@ void upstream_origin_free(struct upstream_origin *o)
         o->stop = true;
         busy = o->resolving;
         o->orphaned = busy;
-        pthread_cond_signal(&o->cond);
-        pthread_mutex_unlock(&o->lock);
         if (busy) {
             /* A lookup can take the resolver's whole timeout (seconds, with
-             * a DNS server down): stopping does not wait for it. */
+             * a DNS server down): stopping does not wait for it. Detached
+             * under the lock: once it is released the thread may free o. */
             pthread_detach(o->thread);
+            pthread_mutex_unlock(&o->lock);
             return;
         }
+        pthread_cond_signal(&o->cond);
+        pthread_mutex_unlock(&o->lock);
         pthread_join(o->thread, NULL);
     }
     origin_destroy(o);
@@ -1385,6 +1389,8 @@ void upstream_expire(struct upstream_pool *p, int64_t now_ms)
             x->conn != NULL && x->conn->connecting && now_ms >= x->connect_deadline_ms;
         if (connect_late || now_ms >= x->deadline_ms) {
             bool sent = x->ever_written;
+            if (connect_late)
+                origin_resolve_soon(p->o); /* the address may be gone for good */
             x_close_conn(x);
             x_finish(x, !sent          ? IDEM_UPSTREAM_NOT_SENT
                         : connect_late ? IDEM_UPSTREAM_BROKEN

@@ -80,9 +80,9 @@ class NameResolvedAgain(harness.ProxyTestCase):
         self.hosts = HostsEntry("idemproxy-e2e-up-%d-%s" % (os.getpid(), self._testMethodName[-8:]))
         self.addCleanup(self.hosts.remove)
 
-    def proxy_for(self, port):
+    def proxy_for(self, port, interval="1s"):
         cfg = self.config(upstream_url="http://%s:%d" % (self.hosts.name, port))
-        cfg["upstream"]["resolve_interval"] = "1s"
+        cfg["upstream"]["resolve_interval"] = interval
         return self.start_proxy(config=cfg)
 
     def test_new_connections_follow_a_moved_name(self):
@@ -136,6 +136,22 @@ class NameResolvedAgain(harness.ProxyTestCase):
             time.sleep(0.2)
         self.assertEqual(r.status, 201, "the name resolved, the proxy never used it: %r" % r)
         self.assertEqual(up.count("too-early"), 1)
+
+    def test_unresolved_name_is_tried_every_second(self):
+        """With no traffic at all to ask for it, a name that did not resolve
+        at start is looked up again every second, not every interval: the
+        first request after DNS is ready already gets through."""
+        up = harness.Upstream(self.workdir, "quiet", host="127.0.0.2").start()
+        self.addCleanup(up.stop)
+        proxy = self.proxy_for(up.port, interval="1h")
+        if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") != "libcurl":
+            self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
+                            "no warning at start: %r" % proxy.stderr()[-500:])
+        self.hosts.add(2)
+        time.sleep(2.5)
+        r = self.post(proxy, "first-ever")
+        self.assertEqual(r.status, 201, "the first request after the name resolved: %r" % r)
+        self.assertEqual(up.count("first-ever"), 1)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ it, Host as the upstream's own host:port, the forwarded headers in order,
 Content-Length as libcurl wrote it (always for POST, PUT and PATCH, even 0;
 never for a bodiless GET or DELETE), and no header the client did not send
 (no Accept, User-Agent, Expect or Content-Type invented). A host name
-upstream ("localhost") is resolved once and its addresses tried in order;
+upstream ("localhost") has its addresses tried in order;
 an IPv6 literal gets its brackets in Host."""
 
 import unittest
