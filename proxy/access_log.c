@@ -13,6 +13,7 @@
 /* memrchr is a GNU extension. */
 #define _GNU_SOURCE 1
 #include "access_log.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -50,26 +51,6 @@ struct proxy_access_log {
     bool abandoned; /* the stopper left: the thread frees the log */
     bool exited;
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timespec deadline_in(int ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 static uint64_t count_lines(const char *p, size_t n)
 {
@@ -109,7 +90,7 @@ static void report(struct proxy_access_log *log, uint64_t extra, bool force)
     char line[200];
     struct pollfd pfd = {.fd = STDERR_FILENO, .events = POLLOUT};
     uint64_t total = log->dropped + extra;
-    int64_t now = mono_ms();
+    int64_t now = idem_mono_ms();
     int n;
 
     if (total == log->reported)
@@ -173,7 +154,7 @@ static void *log_main(void *arg)
         if (log->len == 0 && !log->stopping) {
             /* Idle; with drops not said yet, wake up to say them when due. */
             if (log->dropped != log->reported) {
-                struct timespec until = deadline_in(1000);
+                struct timespec until = idem_deadline_in_ms(1000);
                 pthread_cond_timedwait(&log->wake, &log->lock, &until);
             } else {
                 pthread_cond_wait(&log->wake, &log->lock);
@@ -247,7 +228,6 @@ static void *log_main(void *arg)
 int proxy_access_log_new(int fd, size_t cap_bytes, struct proxy_access_log **out)
 {
     struct proxy_access_log *log = NULL;
-    pthread_condattr_t ca;
     int rc = -1;
 
     *out = NULL;
@@ -262,11 +242,8 @@ int proxy_access_log_new(int fd, size_t cap_bytes, struct proxy_access_log **out
         goto out;
     }
     pthread_mutex_init(&log->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&log->wake, &ca);
-    pthread_cond_init(&log->done, &ca);
-    pthread_condattr_destroy(&ca);
+    idem_cond_init_monotonic(&log->wake);
+    idem_cond_init_monotonic(&log->done);
     if (pthread_create(&log->thread, NULL, log_main, log) != 0) {
         pthread_cond_destroy(&log->done);
         pthread_cond_destroy(&log->wake);
@@ -329,7 +306,7 @@ void proxy_access_log_free(struct proxy_access_log *log, int flush_ms)
 
     if (log == NULL)
         return;
-    until = deadline_in(flush_ms > 0 ? flush_ms : 0);
+    until = idem_deadline_in_ms(flush_ms > 0 ? flush_ms : 0);
     pthread_mutex_lock(&log->lock);
     log->stopping = true;
     pthread_cond_signal(&log->wake);

@@ -23,6 +23,7 @@
 /* pthread_setname_np is a GNU extension. */
 #define _GNU_SOURCE 1
 #include "server.h"
+#include "clock.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -302,13 +303,6 @@ struct proxy_server {
 };
 
 /* ---- clocks ------------------------------------------------------------ */
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static double mono_ms_f(void)
 {
@@ -698,7 +692,7 @@ static void reject_lingering(struct request *r, int status, const char *reason,
     if (fd < 0)
         goto out;
     l->fd = fd;
-    l->deadline_ms = mono_ms() + LINGER_MS;
+    l->deadline_ms = idem_mono_ms() + LINGER_MS;
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
     ev.data.u64 = ep_data(EP_LINGER, fd);
     if (w->n_lingering >= LINGER_MAX_SOCKS || epoll_ctl(w->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -1138,10 +1132,10 @@ static int start_native(struct request *r, const struct idem_headers *fwd)
     int rc = upstream_start(r->w->pool, &req, r, &r->ux);
 
     if (rc == 0) {
-        r->upstream_start_ms = mono_ms();
+        r->upstream_start_ms = idem_mono_ms();
         r->state = RS_UPSTREAM;
         if (r->keyed)
-            r->next_hb_ms = mono_ms() + r->route->heartbeat_ms;
+            r->next_hb_ms = idem_mono_ms() + r->route->heartbeat_ms;
     }
     return rc;
 }
@@ -1264,10 +1258,10 @@ static int start_upstream(struct request *r)
     }
     r->easy = e;
     e = NULL;
-    r->upstream_start_ms = mono_ms();
+    r->upstream_start_ms = idem_mono_ms();
     r->state = RS_UPSTREAM;
     if (r->keyed)
-        r->next_hb_ms = mono_ms() + r->route->heartbeat_ms;
+        r->next_hb_ms = idem_mono_ms() + r->route->heartbeat_ms;
     rc = 0;
 out:
     free(url);
@@ -1538,7 +1532,7 @@ static void respond_mismatch(struct request *r)
 
 static void begin_or_continue_wait(struct request *r, int64_t holder_lease_expires_ms)
 {
-    int64_t now = mono_ms();
+    int64_t now = idem_mono_ms();
     r->holder_lease_expires_ms = holder_lease_expires_ms;
     if (r->w->drain_forced) {
         /* The drain is over: no wait left to give; not a conflict. */
@@ -1775,7 +1769,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
         return NULL;
     r->w = w;
     r->conn = conn;
-    r->start_ms = mono_ms();
+    r->start_ms = idem_mono_ms();
     r->target_len = strlen(uri);
     r->target = strdup(uri);
     if (r->target == NULL) {
@@ -2569,7 +2563,7 @@ static int curl_timer_cb(CURLM *multi, long timeout_ms, void *userp)
 {
     struct worker *w = userp;
     (void)multi;
-    w->curl_deadline_ms = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+    w->curl_deadline_ms = timeout_ms < 0 ? -1 : idem_mono_ms() + timeout_ms;
     return 0;
 }
 
@@ -2709,7 +2703,7 @@ static void *worker_main(void *arg)
     struct worker *w = arg;
     struct proxy_server *srv = w->srv;
     struct epoll_event evs[MAX_EVENTS];
-    int64_t next_tick = mono_ms() + TICK_MS;
+    int64_t next_tick = idem_mono_ms() + TICK_MS;
     char name[16];
 
     /* Named for top -H, perf and gdb. */
@@ -2717,7 +2711,7 @@ static void *worker_main(void *arg)
     pthread_setname_np(pthread_self(), name);
 
     for (;;) {
-        int64_t now = mono_ms();
+        int64_t now = idem_mono_ms();
         int timeout;
         int n;
         bool run_mhd = false;
@@ -2784,7 +2778,7 @@ static void *worker_main(void *arg)
             else
                 curl_sock_event(w, (int)(d >> 8), evs[i].events);
         }
-        now = mono_ms();
+        now = idem_mono_ms();
         if (w->pool != NULL) {
             upstream_expire(w->pool, now);
             native_check_done(w);

@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE 1
 #include "upstream.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -482,13 +483,6 @@ struct upstream_origin {
 
 static void origin_destroy(struct upstream_origin *o);
 
-static int64_t origin_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* getaddrinfo, off every worker's event loop. */
 static struct upstream_addrs *origin_resolve(const struct upstream_origin *o)
 {
@@ -539,26 +533,18 @@ static void origin_resolve_soon(struct upstream_origin *o)
 static void *resolver_main(void *arg)
 {
     struct upstream_origin *o = arg;
-    int64_t last_ms = origin_now_ms();
+    int64_t last_ms = idem_mono_ms();
     int64_t next_ms;
 
     pthread_mutex_lock(&o->lock);
     /* A name that did not resolve at start is tried again every second. */
     next_ms = last_ms + (o->cur == NULL ? 1000 : o->resolve_interval_ms);
     while (!o->stop) {
-        int64_t now = origin_now_ms();
+        int64_t now = idem_mono_ms();
         /* Asked for at once: still at most once a second. */
         int64_t due = o->want_now && last_ms + 1000 < next_ms ? last_ms + 1000 : next_ms;
         if (now < due) {
-            struct timespec ts;
-            int64_t wait = due - now;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_sec += (time_t)(wait / 1000);
-            ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            struct timespec ts = idem_deadline_in_ms(due - now);
             pthread_cond_timedwait(&o->cond, &o->lock, &ts);
             continue;
         }
@@ -568,7 +554,7 @@ static void *resolver_main(void *arg)
         {
             struct upstream_addrs *fresh = origin_resolve(o);
             struct upstream_addrs *old = NULL;
-            last_ms = origin_now_ms();
+            last_ms = idem_mono_ms();
             /* A failed lookup keeps the addresses there are: a DNS server
              * that is down for a moment must not take a working upstream
              * away. Without any, it is tried again every second. */
@@ -651,13 +637,7 @@ int upstream_origin_new(const char *url, int64_t resolve_interval_ms, struct ups
     if (o == NULL)
         goto nomem;
     pthread_mutex_init(&o->lock, NULL);
-    {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&o->cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    idem_cond_init_monotonic(&o->cond);
     memcpy(o->host, hostbuf, host_len + 1);
     memcpy(o->port, portbuf, strlen(portbuf) + 1);
     o->resolve_interval_ms = resolve_interval_ms > 0 ? resolve_interval_ms : 30000;
@@ -804,13 +784,6 @@ struct upstream_pool {
 };
 
 #define EXPIRE_STEP_MS 10
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void x_unlink(struct upstream_exchange *x)
 {
@@ -1174,7 +1147,7 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
         }
         c->x = x;
         x->conn = c;
-        x->connect_deadline_ms = mono_ms() + p->opt.connect_timeout_ms;
+        x->connect_deadline_ms = idem_mono_ms() + p->opt.connect_timeout_ms;
         upstream_parser_clear(&x->parser);
         upstream_parser_init(&x->parser, x->parser.no_body_request, p->opt.max_header_bytes,
                              p->opt.max_response_bytes);
@@ -1305,7 +1278,7 @@ int upstream_start(struct upstream_pool *p, const struct upstream_request *req, 
 {
     struct upstream_exchange *x = calloc(1, sizeof(*x));
     struct upstream_conn *c;
-    int64_t now = mono_ms();
+    int64_t now = idem_mono_ms();
 
     *out = NULL;
     if (x == NULL)

@@ -4,6 +4,7 @@
 /* pthread_setname_np is a GNU extension. */
 #define _GNU_SOURCE 1
 #include "writer.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -79,24 +80,6 @@ struct writer {
     struct writer_stats stats;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void deadline_ts(int64_t delay_ms, struct timespec *ts)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += delay_ms / 1000;
-    ts->tv_nsec += (long)(delay_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 static int64_t mono_us(void)
 {
     struct timespec ts;
@@ -140,7 +123,7 @@ static void log_failure(struct writer *w, const char *what, int rc, bool full)
 {
     char cause[192];
     int code = store_last_cause(cause, sizeof(cause));
-    int64_t now = mono_ms();
+    int64_t now = idem_mono_ms();
     int64_t *said = said_slot(w, rc, code);
     bool same = w->failing && w->fail_rc == rc && w->fail_cause == code;
     int64_t every = same ? FAILURE_LOG_EVERY_MS : FLAP_LOG_EVERY_MS;
@@ -172,7 +155,7 @@ static void log_failure(struct writer *w, const char *what, int rc, bool full)
  * per FLAP_LOG_EVERY_MS: a recovery not said yet is said by a later batch. */
 static void log_recovered(struct writer *w)
 {
-    int64_t now = mono_ms();
+    int64_t now = idem_mono_ms();
 
     if (!w->failing)
         return;
@@ -297,9 +280,9 @@ static void apply_batch(struct writer *w, struct writer_job *list)
 static void *writer_main(void *arg)
 {
     struct writer *w = arg;
-    int64_t next_purge = mono_ms() + w->opt.purge_interval_ms;
-    int64_t next_sync = w->opt.sync_interval_ms > 0 ? mono_ms() + w->opt.sync_interval_ms : 0;
-    int64_t next_reader_check = mono_ms() + READER_CHECK_EVERY_MS;
+    int64_t next_purge = idem_mono_ms() + w->opt.purge_interval_ms;
+    int64_t next_sync = w->opt.sync_interval_ms > 0 ? idem_mono_ms() + w->opt.sync_interval_ms : 0;
+    int64_t next_reader_check = idem_mono_ms() + READER_CHECK_EVERY_MS;
 
     pthread_setname_np(pthread_self(), "idem-writer");
 
@@ -319,12 +302,12 @@ static void *writer_main(void *arg)
                 wake = next_sync;
             if (next_reader_check < wake)
                 wake = next_reader_check;
-            now = mono_ms();
+            now = idem_mono_ms();
             if (wake <= now)
                 break;
-            deadline_ts(wake - now, &ts);
+            ts = idem_deadline_in_ms(wake - now);
             pthread_cond_timedwait(&w->cond, &w->lock, &ts);
-            if (mono_ms() >= wake)
+            if (idem_mono_ms() >= wake)
                 break;
         }
         /* Take at most max_batch jobs; the rest stay queued for the next
@@ -348,7 +331,7 @@ static void *writer_main(void *arg)
         w->purge_now = false;
         pthread_mutex_unlock(&w->lock);
 
-        now = mono_ms();
+        now = idem_mono_ms();
         if (purge_now || now >= next_purge) {
             w->purge_due = true;
             next_purge = now + w->opt.purge_interval_ms;
@@ -357,7 +340,7 @@ static void *writer_main(void *arg)
             apply_batch(w, list);
         else if (w->purge_due && !stop)
             purge_idle(w);
-        now = mono_ms();
+        now = idem_mono_ms();
         if (next_sync != 0 && now >= next_sync) {
             int rc = store_sync(w->opt.store);
             if (rc != 0)
@@ -400,13 +383,7 @@ int writer_start(const struct writer_options *opt, struct writer **out)
         goto out;
     pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->stats_lock, NULL);
-    {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&w->cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    idem_cond_init_monotonic(&w->cond);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         pthread_cond_destroy(&w->cond);
         pthread_mutex_destroy(&w->lock);
