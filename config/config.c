@@ -633,6 +633,8 @@ static int parse_upstream(json_t *v, struct config_upstream *up, struct errbuf *
                 rc = get_duration(val, field, &up->timeout_ms, e);
             } else if (strcmp(key, "resolve_interval") == 0) {
                 rc = get_duration(val, field, &up->resolve_interval_ms, e);
+            } else if (strcmp(key, "idle_timeout") == 0) {
+                rc = get_duration(val, field, &up->idle_timeout_ms, e);
             } else if (strcmp(key, "max_response") == 0) {
                 rc = get_size(val, field, &up->max_response_bytes, e);
             } else if (strcmp(key, "client") == 0) {
@@ -1069,6 +1071,10 @@ static int config_alloc(struct config **out, struct errbuf *e)
     cfg->upstream.url = NULL;
     cfg->upstream.connect_timeout_ms = 5 * 1000;
     cfg->upstream.resolve_interval_ms = 30 * 1000;
+    /* Below the 5 s idle keep-alive timeout of Node.js, uvicorn and Apache:
+     * a connection the upstream is closing at the moment it is reused would
+     * fail a request that may not be sent again. */
+    cfg->upstream.idle_timeout_ms = 4 * 1000;
     cfg->upstream.timeout_ms = 60 * 1000;
     cfg->upstream.max_response_bytes = 16 * CONFIG_MIB;
     cfg->upstream.client = CONFIG_UPSTREAM_NATIVE;
@@ -1202,6 +1208,8 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "upstream.max_response", "must be at least 4KiB");
     else if (cfg->upstream.resolve_interval_ms < 1000)
         rc = invalid(e, "upstream.resolve_interval", "must be at least 1s");
+    else if (cfg->upstream.idle_timeout_ms < 1000)
+        rc = invalid(e, "upstream.idle_timeout", "must be at least 1s");
     else if (cfg->store.path == NULL || cfg->store.path[0] == '\0')
         rc = invalid(e, "store.path", "must not be empty");
     else if (cfg->store.map_size_bytes < MIN_MAP_SIZE)

@@ -66,6 +66,7 @@ struct config_upstream {
     int64_t timeout_ms;
     uint64_t max_response_bytes; /* larger responses: 502, record released */
     int64_t resolve_interval_ms; /* the upstream's name is looked up again this often */
+    int64_t idle_timeout_ms;     /* a pooled connection idle this long is not reused */
 };
 
 struct config_store {

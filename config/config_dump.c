@@ -156,6 +156,7 @@ static json_t *document(const struct config *cfg)
         put(up, "connect_timeout", duration(cfg->upstream.connect_timeout_ms), &ok);
         put(up, "timeout", duration(cfg->upstream.timeout_ms), &ok);
         put(up, "resolve_interval", duration(cfg->upstream.resolve_interval_ms), &ok);
+        put(up, "idle_timeout", duration(cfg->upstream.idle_timeout_ms), &ok);
         put(up, "max_response", size(cfg->upstream.max_response_bytes), &ok);
         put(up, "client",
             json_string(cfg->upstream.client == CONFIG_UPSTREAM_NATIVE ? "native" : "libcurl"),

@@ -1226,6 +1226,10 @@ static int start_upstream(struct request *r)
     /* The same freshness as the native client's resolver. */
     curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
                      (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
+    /* libcurl counts whole seconds and reuses a connection while its idle
+     * seconds, rounded down, do not exceed this: one less than the timeout's
+     * whole seconds keeps every reuse under upstream.idle_timeout. */
+    curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, (long)(cfg->upstream.idle_timeout_ms / 1000 - 1));
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)cfg->upstream.timeout_ms);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->curl_headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_upstream_header);
@@ -3056,6 +3060,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
             .max_header_bytes = response_header_max(cfg),
             .max_response_bytes = cfg->upstream.max_response_bytes,
             .max_idle = UPSTREAM_IDLE_MAX,
+            .idle_timeout_ms = cfg->upstream.idle_timeout_ms,
         };
         if (upstream_pool_new(w->srv->origin, &uo, w->epfd, EP_UPSTREAM, &w->pool) != 0) {
             snprintf(err, errlen, "out of memory");

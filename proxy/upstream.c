@@ -737,6 +737,7 @@ struct upstream_conn {
     int fd;
     bool connecting;
     unsigned uses; /* exchanges answered on it */
+    int64_t idle_since_ms;
     uint32_t events;
     struct upstream_addrs *addrs;      /* the resolution addr is from (a reference) */
     const struct addrinfo *addr;       /* the address it connects to */
@@ -781,6 +782,7 @@ struct upstream_pool {
     struct upstream_exchange *flight;
     struct upstream_exchange *done;
     int64_t next_expire_ms;
+    int64_t next_idle_sweep_ms; /* when the oldest idle connection times out */
 };
 
 #define EXPIRE_STEP_MS 10
@@ -931,6 +933,9 @@ static void x_answered(struct upstream_exchange *x)
     c->x = NULL;
     x->conn = NULL;
     if (keep && conn_watch(p, c, EPOLLIN | EPOLLRDHUP) == 0) {
+        c->idle_since_ms = idem_mono_ms();
+        if (p->idle == NULL)
+            p->next_idle_sweep_ms = c->idle_since_ms + p->opt.idle_timeout_ms;
         c->prev = NULL;
         c->next = p->idle;
         if (p->idle != NULL)
@@ -1159,11 +1164,40 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
     x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
 }
 
-/* An idle connection for x, most recently used first. A request that may
- * not be resent checks that the upstream has not closed it meanwhile (one
- * peek), since a failure after the write would be an unknown outcome. */
-static struct upstream_conn *idle_take(struct upstream_pool *p, bool check)
+static bool idle_too_long(const struct upstream_pool *p, const struct upstream_conn *c,
+                          int64_t now_ms)
 {
+    return p->opt.idle_timeout_ms > 0 && now_ms - c->idle_since_ms >= p->opt.idle_timeout_ms;
+}
+
+/* Closes the idle connections that have been idle too long. The list is in
+ * the order they went idle, newest first, so they are its tail. */
+static void idle_sweep(struct upstream_pool *p, int64_t now_ms)
+{
+    struct upstream_conn *c = p->idle, *oldest_kept = NULL;
+
+    while (c != NULL && !idle_too_long(p, c, now_ms)) {
+        oldest_kept = c;
+        c = c->next;
+    }
+    while (c != NULL) {
+        struct upstream_conn *next = c->next;
+        idle_remove(p, c);
+        conn_close(p, c);
+        c = next;
+    }
+    if (oldest_kept != NULL)
+        p->next_idle_sweep_ms = oldest_kept->idle_since_ms + p->opt.idle_timeout_ms;
+}
+
+/* An idle connection for x, most recently used first, never one idle for
+ * idle_timeout_ms or longer. A request that may not be resent checks that
+ * the upstream has not closed it meanwhile (one peek), since a failure
+ * after the write would be an unknown outcome. */
+static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int64_t now_ms)
+{
+    if (p->idle != NULL && idle_too_long(p, p->idle, now_ms))
+        idle_sweep(p, now_ms); /* the newest is too old: all of them are */
     while (p->idle != NULL) {
         struct upstream_conn *c = p->idle;
         char b;
@@ -1300,7 +1334,7 @@ int upstream_start(struct upstream_pool *p, const struct upstream_request *req, 
     if (p->flight->next == NULL)
         p->next_expire_ms = now + EXPIRE_STEP_MS;
     *out = x;
-    c = idle_take(p, !x->may_retry);
+    c = idle_take(p, !x->may_retry, now);
     if (c != NULL) {
         c->x = x;
         x->conn = c;
@@ -1353,6 +1387,8 @@ void upstream_expire(struct upstream_pool *p, int64_t now_ms)
 {
     struct upstream_exchange *x = p->flight;
 
+    if (p->idle != NULL && p->opt.idle_timeout_ms > 0 && now_ms >= p->next_idle_sweep_ms)
+        idle_sweep(p, now_ms);
     if (x == NULL || now_ms < p->next_expire_ms)
         return;
     p->next_expire_ms = now_ms + EXPIRE_STEP_MS;
@@ -1375,11 +1411,18 @@ void upstream_expire(struct upstream_pool *p, int64_t now_ms)
 
 int64_t upstream_next_timeout_ms(const struct upstream_pool *p, int64_t now_ms)
 {
+    int64_t t = -1;
+
     if (p->done != NULL)
         return 0;
-    if (p->flight == NULL)
-        return -1;
-    return p->next_expire_ms > now_ms ? p->next_expire_ms - now_ms : 0;
+    if (p->flight != NULL)
+        t = p->next_expire_ms > now_ms ? p->next_expire_ms - now_ms : 0;
+    if (p->idle != NULL && p->opt.idle_timeout_ms > 0) {
+        int64_t d = p->next_idle_sweep_ms > now_ms ? p->next_idle_sweep_ms - now_ms : 0;
+        if (t < 0 || d < t)
+            t = d;
+    }
+    return t;
 }
 
 struct upstream_exchange *upstream_take_done(struct upstream_pool *p)

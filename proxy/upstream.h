@@ -14,6 +14,8 @@
  *    every resolve interval, off the workers' loops; the latest addresses
  *    are tried in order on every new connection, while open connections
  *    stay where they are.
+ *  - An idle connection is reused only within idle_timeout_ms, and closed
+ *    once past it, so the proxy closes it before the upstream does.
  *  - A request is sent at most twice: only when a reused connection fails
  *    before any response byte, and only when the caller allows it
  *    (upstream_request.may_retry) or nothing of the request was written.
@@ -121,6 +123,10 @@ struct upstream_options {
     size_t max_header_bytes;
     uint64_t max_response_bytes;
     unsigned max_idle; /* idle keep-alive connections kept */
+    /* A connection idle this long is closed, never reused (<= 0: no limit).
+     * Below the upstream's own keep-alive timeout, no request is written
+     * into a connection the upstream is closing at that moment. */
+    int64_t idle_timeout_ms;
 };
 
 struct upstream_request {

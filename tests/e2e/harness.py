@@ -363,8 +363,9 @@ def in_thread(fn, *args, **kwargs):
 class Upstream:
     """tests/upstream/upstream.py in a child process."""
 
-    def __init__(self, workdir, name="upstream", host="127.0.0.1", port=0):
+    def __init__(self, workdir, name="upstream", host="127.0.0.1", port=0, args=()):
         self.workdir = workdir
+        self.args = list(args)  # more upstream.py options
         self.host = host  # "::1" for an IPv6 upstream
         self.want_port = port  # 0: any free port
         self.port_file = os.path.join(workdir, name + ".port")
@@ -384,7 +385,7 @@ class Upstream:
             self.proc = subprocess.Popen(
                 [sys.executable, UPSTREAM_PY, "--listen",
                  ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.want_port),
-                 "--port-file", self.port_file, "--log", self.log_path],
+                 "--port-file", self.port_file, "--log", self.log_path] + self.args,
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not os.path.exists(self.port_file):
@@ -431,6 +432,10 @@ class Upstream:
 
     def reset(self):
         request(self.port, "POST", "/__reset")
+
+    def idle_closed(self):
+        """Requests dropped unanswered by --idle-close-ms."""
+        return self._get("/__idle_closed")["count"]
 
 
 class Proxy:

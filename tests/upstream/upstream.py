@@ -38,10 +38,18 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 echo-headers     body: the received request headers, in order,
                                  as a JSON list of [name, value]
 
+With --idle-close-ms N the server plays an upstream whose keep-alive timer
+fires just as a request arrives: a request that comes on a connection idle for
+N ms or longer (since the previous answer) is closed unanswered and not
+counted, as a server closing an idle connection never reads it. A proxy that
+reuses connections idle that long loses every such race.
+
 Control endpoints (never executions):
   GET  /__executions[?key=K][&detail=1]   counts (and, with detail, every entry)
   GET  /__rejected                         requests refused as malformed (never
                                            executions): {"count": N, "reasons": [...]}
+  GET  /__idle_closed                      requests dropped by --idle-close-ms:
+                                           {"count": N}
   POST /__reset                            clear the counts
   GET  /__health                           200
 
@@ -220,8 +228,10 @@ def body_allowed(method, status):
 
 
 class Upstream:
-    def __init__(self, log_path):
+    def __init__(self, log_path, idle_close_ms=None):
         self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None
+        self.idle_close_ms = idle_close_ms
+        self.idle_closed = 0
         self.charge_counter = 0
         self.total = 0
         self.by_key = {}
@@ -445,6 +455,8 @@ class Upstream:
             doc = {"ok": True}
         elif path == "/__rejected" and req.method == "GET":
             doc = {"count": len(self.rejected), "reasons": self.rejected}
+        elif path == "/__idle_closed" and req.method == "GET":
+            doc = {"count": self.idle_closed}
         elif path == "/__health" and req.method in ("GET", "HEAD"):
             doc = {"ok": True}
         else:
@@ -465,6 +477,7 @@ class Upstream:
         self.connections.add(task)
         peer = writer.get_extra_info("peername")
         seq = 0
+        answered_at = None  # monotonic time of the previous answer's end
         try:
             while True:
                 try:
@@ -479,11 +492,16 @@ class Upstream:
                     break
                 if req is None:
                     break
+                if (self.idle_close_ms is not None and answered_at is not None and
+                        (time.monotonic() - answered_at) * 1000 >= self.idle_close_ms):
+                    self.idle_closed += 1
+                    break
                 seq += 1
                 req.conn_seq = seq
                 req.peer_port = peer[1] if peer else None
                 if not await self.dispatch(req, reader, writer):
                     break
+                answered_at = time.monotonic()
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             pass
         except asyncio.CancelledError:
@@ -504,7 +522,7 @@ def parse_listen(text):
 
 
 async def main_async(args):
-    up = Upstream(args.log)
+    up = Upstream(args.log, args.idle_close_ms)
     host, port = args.listen
     server = await asyncio.start_server(up.handle, host, port, limit=MAX_HEADER_BYTES,
                                         backlog=1024, reuse_address=True)
@@ -535,6 +553,8 @@ def main():
     p.add_argument("--listen", type=parse_listen, required=True, help="HOST:PORT (port 0: any)")
     p.add_argument("--log", help="append one JSON line per execution (fsync'ed)")
     p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--idle-close-ms", type=int, metavar="N",
+                   help="drop, unanswered, a request on a connection idle N ms or longer")
     args = p.parse_args()
     asyncio.run(main_async(args))
     return 0
