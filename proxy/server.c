@@ -3158,6 +3158,33 @@ static void worker_fini(struct worker *w)
     free(w->logbuf);
 }
 
+/* For the start-up warning with upstream.client "libcurl", which resolves
+ * only when it connects: does the URL's host resolve now? A literal address
+ * always does. */
+static bool curl_host_resolves(const char *url)
+{
+    CURLU *u = curl_url();
+    char *host = NULL;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    bool ok = true; /* when in doubt, no warning */
+
+    if (u != NULL && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+        size_t n = strlen(host);
+        const char *name = host;
+        if (n >= 2 && host[0] == '[' && host[n - 1] == ']') { /* an IPv6 literal */
+            host[n - 1] = '\0';
+            name = host + 1;
+        }
+        ok = getaddrinfo(name, NULL, &hints, &ai) == 0;
+        if (ai != NULL)
+            freeaddrinfo(ai);
+    }
+    curl_free(host);
+    curl_url_cleanup(u);
+    return ok;
+}
+
 int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_server **out,
                        char *err, size_t errlen)
 {
@@ -3253,6 +3280,11 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
             fprintf(stderr,
                     "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
                     "requests get 502 until it does (looked up again every second)\n");
+        else if (srv->origin == NULL && !curl_host_resolves(srv->upstream_base))
+            fprintf(stderr,
+                    "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
+                    "requests get 502 until it does (looked up again for every new "
+                    "connection)\n");
     }
     *out = srv;
     return 0;

@@ -115,10 +115,9 @@ class NameResolvedAgain(harness.ProxyTestCase):
         up = harness.Upstream(self.workdir, "late", host="127.0.0.2").start()
         self.addCleanup(up.stop)
         proxy = self.proxy_for(up.port)  # the name is not in /etc/hosts yet
-        if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") != "libcurl":
-            # The native client looks the name up at start and says so.
-            self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
-                            "no warning at start: %r" % proxy.stderr()[-500:])
+        # The name is looked up at start, and the proxy says it is missing.
+        self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
+                        "no warning at start: %r" % proxy.stderr()[-500:])
         early = self.post(proxy, "too-early")
         self.assertProblem(early, 502)
         self.assertEqual(up.count("too-early"), 0)
@@ -144,9 +143,8 @@ class NameResolvedAgain(harness.ProxyTestCase):
         up = harness.Upstream(self.workdir, "quiet", host="127.0.0.2").start()
         self.addCleanup(up.stop)
         proxy = self.proxy_for(up.port, interval="1h")
-        if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") != "libcurl":
-            self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
-                            "no warning at start: %r" % proxy.stderr()[-500:])
+        self.assertTrue(harness.wait_for(lambda: "does not resolve" in proxy.stderr()),
+                        "no warning at start: %r" % proxy.stderr()[-500:])
         self.hosts.add(2)
         time.sleep(2.5)
         r = self.post(proxy, "first-ever")
