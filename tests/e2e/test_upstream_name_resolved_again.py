@@ -68,6 +68,36 @@ class HostsEntry:
         self.orig_size = None
 
 
+NAME_PREFIX = b"idemproxy-e2e-up-"
+
+
+def remove_stale_entries():
+    """Takes out the lines a killed run left (ctest's timeout kills without
+    cleanup): names carry the pid of the test that added them. Called with
+    the lock held."""
+    def stale(line):
+        words = line.split()
+        if len(words) != 2 or not words[1].startswith(NAME_PREFIX):
+            return False
+        pid = words[1][len(NAME_PREFIX):].split(b"-")[0]
+        if not pid.isdigit():
+            return False
+        try:
+            os.kill(int(pid), 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    with open(HOSTS, "r+b") as f:
+        data = f.read()
+        keep = b"".join(l for l in data.splitlines(True) if not stale(l))
+        if keep != data:
+            f.seek(0)
+            f.write(keep)
+            f.truncate(len(keep))
+
+
 class NameResolvedAgain(harness.ProxyTestCase):
     def setUp(self):
         super().setUp()
@@ -77,7 +107,9 @@ class NameResolvedAgain(harness.ProxyTestCase):
         lock = open(HOSTS_LOCK, "a")
         self.addCleanup(lock.close)  # (closing releases the lock)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        self.hosts = HostsEntry("idemproxy-e2e-up-%d-%s" % (os.getpid(), self._testMethodName[-8:]))
+        remove_stale_entries()
+        self.hosts = HostsEntry("%s%d-%s" % (NAME_PREFIX.decode(), os.getpid(),
+                                             self._testMethodName[-8:]))
         self.addCleanup(self.hosts.remove)
 
     def proxy_for(self, port, interval="1s"):
