@@ -410,6 +410,13 @@ int main(int argc, char **argv)
                     slot ? "needs a value" : "unknown option", usage);
             return 2;
         }
+        /* Given twice is a mistake somewhere (a wrapper script adding its
+         * own --store, say): say so rather than silently take one. */
+        if (*slot != NULL) {
+            fprintf(stderr, "idemproxy: %s: given twice (\"%s\" and \"%s\")\n", a, *slot,
+                    argv[i + 1]);
+            return 2;
+        }
         *slot = argv[++i];
     }
     if (config_path == NULL && upstream == NULL) {

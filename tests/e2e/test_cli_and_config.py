@@ -208,6 +208,17 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("upstream", (p.stdout + p.stderr).decode("utf-8", "replace"))
 
+    def test_option_given_twice_is_an_error(self):
+        # Not the last one silently winning: a wrapper that adds its own
+        # --store would otherwise run the proxy on a store nobody chose.
+        a, b = os.path.join(self.workdir, "a"), os.path.join(self.workdir, "b")
+        p = self.run_bin("--upstream", "http://127.0.0.1:9", "--listen",
+                         "127.0.0.1:%d" % harness.free_port(), "--store", a, "--store", b)
+        out = (p.stdout + p.stderr).decode("utf-8", "replace")
+        self.assertEqual(p.returncode, 2, out)
+        self.assertIn("--store: given twice", out)
+        self.assertFalse(os.path.exists(a) or os.path.exists(b), "a store was created")
+
 
 def _listening(port, host="127.0.0.1"):
     import socket
