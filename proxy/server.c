@@ -330,10 +330,12 @@ static void log_flush(struct worker *w)
     w->loglen = 0;
 }
 
+/* Escapes s into dst (cap > 16). A string that does not fit is cut and
+ * ends with "..." so a reader knows it is not the whole of it. */
 static size_t json_escape(char *dst, size_t cap, const char *s, size_t len)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < len && o + 7 < cap; i++) {
+    size_t o = 0, i = 0;
+    for (; i < len && o + 7 + 3 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\') {
             dst[o++] = '\\';
@@ -343,6 +345,10 @@ static size_t json_escape(char *dst, size_t cap, const char *s, size_t len)
         } else {
             dst[o++] = (char)c;
         }
+    }
+    if (i < len) {
+        memcpy(dst + o, "...", 3);
+        o += 3;
     }
     dst[o] = '\0';
     return o;

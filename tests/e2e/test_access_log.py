@@ -150,6 +150,19 @@ class AccessLog(harness.ProxyTestCase):
                          ["/after-0", "/after-1", "/after-2"], lines[-5:])
         self.assertIn("dropped", proxy.stderr())
 
+    def test_a_long_path_is_cut_with_a_marker(self):
+        proxy = self.start_proxy()
+        long_path = "/v1/long/" + "a" * 2000
+        self.assertEqual(proxy.request("GET", long_path).status, 201)
+        self.assertEqual(proxy.request("GET", "/v1/short").status, 201)
+        entries = proxy.wait_access_log(2)
+        self.assertEqual(len(entries), 2, entries)
+        logged = entries[0]["path"]
+        self.assertTrue(logged.endswith("..."), logged[-20:])
+        self.assertTrue(long_path.startswith(logged[:-3]), logged[:40])
+        self.assertLess(len(logged), 600)
+        self.assertEqual(entries[1]["path"], "/v1/short")  # whole, no marker
+
     def test_access_log_false_writes_nothing(self):
         proxy = self.start_proxy(config=self.config(access_log=False))
         self.assertExecuted(self.post(proxy, "quiet-1"))
