@@ -1196,11 +1196,13 @@ static void idle_sweep(struct upstream_pool *p, int64_t now_ms)
  * after the write would be an unknown outcome. */
 static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int64_t now_ms)
 {
-    if (p->idle != NULL && idle_too_long(p, p->idle, now_ms))
-        idle_sweep(p, now_ms); /* the newest is too old: all of them are */
     while (p->idle != NULL) {
         struct upstream_conn *c = p->idle;
         char b;
+        if (idle_too_long(p, c, now_ms)) {
+            idle_sweep(p, now_ms); /* it and every older one */
+            return NULL;
+        }
         idle_remove(p, c);
         if (!check)
             return c;
