@@ -1210,6 +1210,11 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "upstream.resolve_interval", "must be at least 1s");
     else if (cfg->upstream.idle_timeout_ms < 1000)
         rc = invalid(e, "upstream.idle_timeout", "must be at least 1s");
+    /* libcurl takes whole seconds, and a 0 means "reuse only under 1 s" to
+     * libcurl before 8.x's millisecond compare and "no limit" after it: from
+     * 2s up, one second less keeps every reuse under the timeout with both. */
+    else if (cfg->upstream.client == CONFIG_UPSTREAM_LIBCURL && cfg->upstream.idle_timeout_ms < 2000)
+        rc = invalid(e, "upstream.idle_timeout", "must be at least 2s with client \"libcurl\"");
     else if (cfg->store.path == NULL || cfg->store.path[0] == '\0')
         rc = invalid(e, "store.path", "must not be empty");
     else if (cfg->store.map_size_bytes < MIN_MAP_SIZE)

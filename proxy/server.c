@@ -1232,9 +1232,11 @@ static int start_upstream(struct request *r)
     /* The same freshness as the native client's resolver. */
     curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
                      (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
-    /* libcurl counts whole seconds and reuses a connection while its idle
-     * seconds, rounded down, do not exceed this: one less than the timeout's
-     * whole seconds keeps every reuse under upstream.idle_timeout. */
+    /* Whole seconds. libcurl 7.88 reuses a connection while its idle
+     * seconds, rounded down, do not exceed this, newer ones while its idle
+     * milliseconds do not exceed this x 1000 (and take 0 as no limit): with
+     * idle_timeout at least 2s (config.c), one second less than its whole
+     * seconds keeps every reuse under it with both. */
     curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, (long)(cfg->upstream.idle_timeout_ms / 1000 - 1));
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)cfg->upstream.timeout_ms);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->curl_headers);
@@ -3289,8 +3291,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         else if (srv->origin == NULL && !curl_host_resolves(srv->upstream_base))
             fprintf(stderr,
                     "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
-                    "requests get 502 until it does (looked up again for every new "
-                    "connection)\n");
+                    "requests get 502 until it does (looked up again when a connection is "
+                    "made)\n");
     }
     *out = srv;
     return 0;
