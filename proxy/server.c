@@ -330,23 +330,34 @@ static void log_flush(struct worker *w)
     w->loglen = 0;
 }
 
-/* Escapes s into dst (cap > 16). A string that does not fit is cut and
- * ends with "..." so a reader knows it is not the whole of it. */
+/* Escapes s into dst (cap > 16). A string that does not fit is cut at a
+ * character boundary and ends with "..." so a reader knows it is not all. */
 static size_t json_escape(char *dst, size_t cap, const char *s, size_t len)
 {
-    size_t o = 0, i = 0;
-    for (; i < len && o + 7 + 3 < cap; i++) {
+    size_t o = 0, i = 0, fits = 0; /* fits: the last cut with room for "..." */
+
+    for (; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        size_t n = 1;
         if (c == '"' || c == '\\') {
-            dst[o++] = '\\';
-            dst[o++] = (char)c;
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            n = 2;
         } else if (c < 0x20 || c >= 0x7f) {
-            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
+            n = (size_t)snprintf(esc, sizeof esc, "\\u%04x", c);
         } else {
-            dst[o++] = (char)c;
+            esc[0] = (char)c;
         }
+        if (o + n >= cap) /* and its NUL */
+            break;
+        memcpy(dst + o, esc, n);
+        o += n;
+        if (o + 3 < cap)
+            fits = o;
     }
     if (i < len) {
+        o = fits;
         memcpy(dst + o, "...", 3);
         o += 3;
     }
