@@ -155,8 +155,11 @@ class AccessLog(harness.ProxyTestCase):
         long_path = "/v1/long/" + "a" * 2000
         self.assertEqual(proxy.request("GET", long_path).status, 201)
         self.assertEqual(proxy.request("GET", "/v1/short").status, 201)
-        entries = proxy.wait_access_log(2)
-        self.assertEqual(len(entries), 2, entries)
+        fits = "/v1/fits/" + "b" * (511 - len("/v1/fits/"))  # the longest logged whole
+        self.assertEqual(proxy.request("GET", fits).status, 201)
+        entries = proxy.wait_access_log(3)
+        self.assertEqual(len(entries), 3, entries)
+        self.assertEqual(entries[2]["path"], fits)
         logged = entries[0]["path"]
         self.assertTrue(logged.endswith("..."), logged[-20:])
         self.assertTrue(long_path.startswith(logged[:-3]), logged[:40])
