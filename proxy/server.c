@@ -1243,6 +1243,12 @@ static int start_upstream(struct request *r)
     /* The same freshness as the native client's resolver. */
     curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
                      (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
+    /* libcurl matches pooled connections by host name, not address: one
+     * opened before the name moved would be used for good. Renewed once
+     * they are a resolve interval old, connections follow a moved name (the
+     * native client closes those of a replaced resolution instead). */
+    curl_easy_setopt(e, CURLOPT_MAXLIFETIME_CONN,
+                     (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
     /* Whole seconds. libcurl 7.88 reuses a connection while its idle
      * seconds, rounded down, do not exceed this, newer ones while its idle
      * milliseconds do not exceed this x 1000 (and take 0 as no limit): with

@@ -475,6 +475,10 @@ struct upstream_origin {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     struct upstream_addrs *cur;
+    /* cur's address, readable without the lock: a connection opened from
+     * another resolution is not kept once the name points elsewhere. (A
+     * connection holds its resolution, so no new one can take its address.) */
+    atomic_uintptr_t cur_id;
     bool want_now, stop, thread_started;
     bool resolving; /* the thread is in getaddrinfo */
     bool orphaned;  /* freed meanwhile: the thread frees the origin */
@@ -500,6 +504,38 @@ static struct upstream_addrs *origin_resolve(const struct upstream_origin *o)
     }
     atomic_init(&a->refs, 1);
     return a;
+}
+
+/* Do two resolutions hold the same addresses, in any order? (A DNS server
+ * that rotates its answers has not moved the name.) */
+static bool addrs_same(const struct addrinfo *a, const struct addrinfo *b)
+{
+    size_t na = 0, nb = 0;
+
+    for (const struct addrinfo *x = a; x != NULL; x = x->ai_next)
+        na++;
+    for (const struct addrinfo *y = b; y != NULL; y = y->ai_next)
+        nb++;
+    if (na != nb)
+        return false;
+    for (const struct addrinfo *x = a; x != NULL; x = x->ai_next) {
+        const struct addrinfo *y = b;
+        while (y != NULL && !(y->ai_family == x->ai_family && y->ai_addrlen == x->ai_addrlen &&
+                              memcmp(y->ai_addr, x->ai_addr, x->ai_addrlen) == 0))
+            y = y->ai_next;
+        if (y == NULL)
+            return false;
+    }
+    return true;
+}
+
+/* Was c's resolution replaced by one with other addresses since it
+ * connected? Such a connection finishes its exchange and is then closed,
+ * so that traffic follows a moved name even to an old address that still
+ * answers. */
+static bool addrs_moved(const struct upstream_origin *o, const struct upstream_addrs *a)
+{
+    return a != NULL && (uintptr_t)a != atomic_load_explicit(&o->cur_id, memory_order_relaxed);
 }
 
 /* The addresses to connect to, with a reference the caller puts back; NULL
@@ -567,9 +603,12 @@ static void *resolver_main(void *arg)
                 origin_destroy(o);
                 return NULL;
             }
-            if (fresh != NULL) {
+            if (fresh != NULL && o->cur != NULL && addrs_same(fresh->ai, o->cur->ai)) {
+                old = fresh; /* unchanged: connections stay */
+            } else if (fresh != NULL) {
                 old = o->cur;
                 o->cur = fresh;
+                atomic_store(&o->cur_id, (uintptr_t)fresh);
             }
             next_ms = last_ms + (o->cur == NULL ? 1000 : o->resolve_interval_ms);
             pthread_mutex_unlock(&o->lock);
@@ -663,6 +702,7 @@ int upstream_origin_new(const char *url, int64_t resolve_interval_ms, struct ups
     memcpy(o->base, path, o->base_len);
     o->base[o->base_len] = '\0';
     o->cur = origin_resolve(o); /* NULL: every exchange NOT_SENT until it resolves */
+    atomic_init(&o->cur_id, (uintptr_t)o->cur);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
@@ -927,7 +967,8 @@ static void x_answered(struct upstream_exchange *x)
     struct upstream_pool *p = x->pool;
     struct upstream_conn *c = x->conn;
     bool keep = upstream_parse_keep_alive(&x->parser) && c->len == 0 &&
-                x->written == x->head_len + x->body_len && p->n_idle < p->opt.max_idle;
+                x->written == x->head_len + x->body_len && p->n_idle < p->opt.max_idle &&
+                !addrs_moved(p->o, c->addrs);
 
     c->uses++;
     c->x = NULL;
@@ -1204,6 +1245,10 @@ static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int6
             return NULL;
         }
         idle_remove(p, c);
+        if (addrs_moved(p->o, c->addrs)) {
+            conn_close(p, c);
+            continue;
+        }
         if (!check)
             return c;
         if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&

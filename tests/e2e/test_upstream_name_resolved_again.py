@@ -112,9 +112,11 @@ class NameResolvedAgain(harness.ProxyTestCase):
                                              self._testMethodName[-8:]))
         self.addCleanup(self.hosts.remove)
 
-    def proxy_for(self, port, interval="1s"):
+    def proxy_for(self, port, interval="1s", workers=None):
         cfg = self.config(upstream_url="http://%s:%d" % (self.hosts.name, port))
         cfg["upstream"]["resolve_interval"] = interval
+        if workers is not None:
+            cfg["server"] = {"workers": workers}
         return self.start_proxy(config=cfg)
 
     def test_new_connections_follow_a_moved_name(self):
@@ -142,6 +144,39 @@ class NameResolvedAgain(harness.ProxyTestCase):
         self.assertEqual(new.count("before-move"), 0)
         self.assertTrue(self.post(proxy, "before-move").replayed)
         self.assertTrue(proxy.running())
+
+    def test_pooled_connections_leave_a_moved_name(self):
+        """The old address still answers after the move: connections pooled
+        to it, and one busy on it during the move, are not used again, so
+        traffic follows the name rather than staying where it was."""
+        old = harness.Upstream(self.workdir, "old", host="127.0.0.2").start()
+        self.addCleanup(old.stop)
+        new = harness.Upstream(self.workdir, "new", host="127.0.0.3", port=old.port).start()
+        self.addCleanup(new.stop)
+        self.hosts.add(2)
+        proxy = self.proxy_for(old.port, workers=1)
+        for i in range(4):
+            self.assertEqual(self.post(proxy, "pooled-%d" % i).status, 201)
+        self.assertEqual(old.total(), 4)
+        if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") != "libcurl":
+            # Lookups that give the same addresses leave connections alone
+            # (libcurl renews its connections every resolve interval).
+            time.sleep(2.5)
+            self.assertEqual(self.post(proxy, "still-pooled").status, 201)
+            seq = [e["conn_seq"] for e in old.entries() if e["key"] == "still-pooled"]
+            self.assertEqual(seq, [5], "a connection was dropped though the name did not move")
+        busy = harness.in_thread(self.post, proxy, "busy",
+                                 headers=[("X-Test-Delay-Ms", "2500")])
+        self.assertTrue(harness.wait_for(lambda: old.count("busy") == 1, 3.0))
+
+        self.hosts.move(3)
+        self.assertEqual(busy.result(10).status, 201)  # finished where it began
+        time.sleep(0.5)  # (2.5 s after the move: the name was looked up again)
+        for i in range(6):
+            key = "moved-%d" % i
+            self.assertEqual(self.post(proxy, key).status, 201)
+            self.assertEqual((old.count(key), new.count(key)), (0, 1),
+                             "%s went to the old address" % key)
 
     def test_name_that_resolves_late_starts_working(self):
         up = harness.Upstream(self.workdir, "late", host="127.0.0.2").start()
