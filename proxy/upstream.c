@@ -447,6 +447,7 @@ bool upstream_parse_keep_alive(const struct upstream_parser *p)
  * from it, freed when the last of them and the origin let go. */
 struct upstream_addrs {
     atomic_uint refs;
+    unsigned gen; /* the origin's gen when it became current */
     struct addrinfo *ai;
 };
 
@@ -475,10 +476,10 @@ struct upstream_origin {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     struct upstream_addrs *cur;
-    /* cur's address, readable without the lock: a connection opened from
-     * another resolution is not kept once the name points elsewhere. (A
-     * connection holds its resolution, so no new one can take its address.) */
-    atomic_uintptr_t cur_id;
+    /* Counts the resolutions that became current; readable without the
+     * lock, so a connection looks its address up in cur only once per new
+     * resolution (conn_addr_gone). */
+    atomic_uint gen;
     bool want_now, stop, thread_started;
     bool resolving; /* the thread is in getaddrinfo */
     bool orphaned;  /* freed meanwhile: the thread frees the origin */
@@ -504,38 +505,6 @@ static struct upstream_addrs *origin_resolve(const struct upstream_origin *o)
     }
     atomic_init(&a->refs, 1);
     return a;
-}
-
-/* Do two resolutions hold the same addresses, in any order? (A DNS server
- * that rotates its answers has not moved the name.) */
-static bool addrs_same(const struct addrinfo *a, const struct addrinfo *b)
-{
-    size_t na = 0, nb = 0;
-
-    for (const struct addrinfo *x = a; x != NULL; x = x->ai_next)
-        na++;
-    for (const struct addrinfo *y = b; y != NULL; y = y->ai_next)
-        nb++;
-    if (na != nb)
-        return false;
-    for (const struct addrinfo *x = a; x != NULL; x = x->ai_next) {
-        const struct addrinfo *y = b;
-        while (y != NULL && !(y->ai_family == x->ai_family && y->ai_addrlen == x->ai_addrlen &&
-                              memcmp(y->ai_addr, x->ai_addr, x->ai_addrlen) == 0))
-            y = y->ai_next;
-        if (y == NULL)
-            return false;
-    }
-    return true;
-}
-
-/* Was c's resolution replaced by one with other addresses since it
- * connected? Such a connection finishes its exchange and is then closed,
- * so that traffic follows a moved name even to an old address that still
- * answers. */
-static bool addrs_moved(const struct upstream_origin *o, const struct upstream_addrs *a)
-{
-    return a != NULL && (uintptr_t)a != atomic_load_explicit(&o->cur_id, memory_order_relaxed);
 }
 
 /* The addresses to connect to, with a reference the caller puts back; NULL
@@ -603,12 +572,11 @@ static void *resolver_main(void *arg)
                 origin_destroy(o);
                 return NULL;
             }
-            if (fresh != NULL && o->cur != NULL && addrs_same(fresh->ai, o->cur->ai)) {
-                old = fresh; /* unchanged: connections stay */
-            } else if (fresh != NULL) {
+            if (fresh != NULL) {
                 old = o->cur;
                 o->cur = fresh;
-                atomic_store(&o->cur_id, (uintptr_t)fresh);
+                fresh->gen = atomic_load(&o->gen) + 1;
+                atomic_store(&o->gen, fresh->gen);
             }
             next_ms = last_ms + (o->cur == NULL ? 1000 : o->resolve_interval_ms);
             pthread_mutex_unlock(&o->lock);
@@ -702,7 +670,7 @@ int upstream_origin_new(const char *url, int64_t resolve_interval_ms, struct ups
     memcpy(o->base, path, o->base_len);
     o->base[o->base_len] = '\0';
     o->cur = origin_resolve(o); /* NULL: every exchange NOT_SENT until it resolves */
-    atomic_init(&o->cur_id, (uintptr_t)o->cur);
+    atomic_init(&o->gen, 0); /* (o->cur->gen is 0 too) */
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
@@ -776,7 +744,8 @@ static void origin_destroy(struct upstream_origin *o)
 struct upstream_conn {
     int fd;
     bool connecting;
-    unsigned uses; /* exchanges answered on it */
+    unsigned uses;     /* exchanges answered on it */
+    unsigned gen_seen; /* the origin's gen when its address was last found current */
     int64_t idle_since_ms;
     uint32_t events;
     struct upstream_addrs *addrs;      /* the resolution addr is from (a reference) */
@@ -961,6 +930,32 @@ static void x_conn_failed(struct upstream_exchange *x)
     x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
 }
 
+/* Has the name moved away from c's address? When a lookup gave other
+ * addresses, a connection to one no longer among them finishes its exchange
+ * and is closed, not reused, so traffic follows a moved name even while the
+ * old address still answers. Addresses that stay keep their connections.
+ * Cheap: the current addresses are looked at once per new resolution. */
+static bool conn_addr_gone(struct upstream_origin *o, struct upstream_conn *c)
+{
+    bool gone = false;
+
+    if (c->addr == NULL ||
+        c->gen_seen == atomic_load_explicit(&o->gen, memory_order_relaxed))
+        return false;
+    pthread_mutex_lock(&o->lock);
+    if (o->cur != NULL) {
+        const struct addrinfo *a = o->cur->ai;
+        while (a != NULL &&
+               !(a->ai_family == c->addr->ai_family && a->ai_addrlen == c->addr->ai_addrlen &&
+                 memcmp(a->ai_addr, c->addr->ai_addr, a->ai_addrlen) == 0))
+            a = a->ai_next;
+        gone = a == NULL;
+        c->gen_seen = o->cur->gen;
+    }
+    pthread_mutex_unlock(&o->lock);
+    return gone;
+}
+
 /* A complete answer: the connection goes back to the pool if it may. */
 static void x_answered(struct upstream_exchange *x)
 {
@@ -968,7 +963,7 @@ static void x_answered(struct upstream_exchange *x)
     struct upstream_conn *c = x->conn;
     bool keep = upstream_parse_keep_alive(&x->parser) && c->len == 0 &&
                 x->written == x->head_len + x->body_len && p->n_idle < p->opt.max_idle &&
-                !addrs_moved(p->o, c->addrs);
+                !conn_addr_gone(p->o, c);
 
     c->uses++;
     c->x = NULL;
@@ -1183,6 +1178,7 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
         atomic_fetch_add(&addrs->refs, 1);
         c->addrs = addrs;
         c->addr = ai;
+        c->gen_seen = addrs->gen;
         c->connecting = rc != 0;
         c->events = c->connecting ? EPOLLOUT : EPOLLIN | EPOLLRDHUP;
         ev.events = c->events;
@@ -1245,7 +1241,7 @@ static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int6
             return NULL;
         }
         idle_remove(p, c);
-        if (addrs_moved(p->o, c->addrs)) {
+        if (conn_addr_gone(p->o, c)) {
             conn_close(p, c);
             continue;
         }

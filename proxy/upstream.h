@@ -12,10 +12,10 @@
  * Caveats:
  *  - The origin's host name is resolved at start (getaddrinfo) and again
  *    every resolve interval, off the workers' loops; the latest addresses
- *    are tried in order on every new connection. When a lookup gives other
- *    addresses (not merely another order), connections opened from the old
- *    ones finish their exchange and are closed, not reused, so traffic
- *    follows the name even while the old address still answers.
+ *    are tried in order on every new connection. A connection to an
+ *    address the latest lookup no longer gives finishes its exchange and is
+ *    closed, not reused, so traffic follows the name even while the old
+ *    address still answers; connections to addresses that stay are kept.
  *  - An idle connection is reused only within idle_timeout_ms, and closed
  *    once past it, so the proxy closes it before the upstream does.
  *  - A request is sent at most twice: only when a reused connection fails
