@@ -11,106 +11,18 @@ appended for the test, its last address byte rewritten in place to move it
 its old length at the end. This needs root, as CI and the Quick start have;
 without it the test fails and says so rather than skipping."""
 
-import fcntl
 import os
 import time
 import unittest
 
 import harness
-
-HOSTS = "/etc/hosts"
-# Tests that edit /etc/hosts take turns (ctest runs this file twice at
-# once, once per upstream client): each appends at the end and cuts back to
-# the length it found.
-HOSTS_LOCK = "/tmp/idemproxy-e2e-etc-hosts.lock"
-
-
-class HostsEntry:
-    """One line "127.0.0.N name" at the end of /etc/hosts, changed in place
-    (one byte) so a concurrent reader never sees a half-written file."""
-
-    def __init__(self, name):
-        self.name = name
-        self.orig_size = None
-        self.digit_at = None
-
-    def add(self, last_octet):
-        with open(HOSTS, "r+b") as f:
-            data = f.read()
-            self.orig_size = len(data)
-            lead = b"" if data.endswith(b"\n") or not data else b"\n"
-            line = b"127.0.0.%d %s\n" % (last_octet, self.name.encode())
-            f.write(lead + line)
-            self.digit_at = self.orig_size + len(lead) + len("127.0.0.")
-
-    def move(self, last_octet):
-        assert 0 <= last_octet <= 9
-        fd = os.open(HOSTS, os.O_WRONLY)
-        try:
-            os.pwrite(fd, b"%d" % last_octet, self.digit_at)
-        finally:
-            os.close(fd)
-
-    def remove(self):
-        if self.orig_size is None:
-            return
-        with open(HOSTS, "r+b") as f:
-            data = f.read()
-            ours = data[self.orig_size:]
-            if ours.strip().endswith(self.name.encode()):
-                f.truncate(self.orig_size)
-            else:  # not what we left: take out our line only
-                keep = b"".join(l for l in data.splitlines(True)
-                                if not l.rstrip().endswith(b" " + self.name.encode()))
-                f.seek(0)
-                f.write(keep)
-                f.truncate(len(keep))
-        self.orig_size = None
-
-
-NAME_PREFIX = b"idemproxy-e2e-up-"
-
-
-def remove_stale_entries():
-    """Takes out the lines a killed run left (ctest's timeout kills without
-    cleanup): names carry the pid of the test that added them. Called with
-    the lock held."""
-    def stale(line):
-        words = line.split()
-        if len(words) != 2 or not words[1].startswith(NAME_PREFIX):
-            return False
-        pid = words[1][len(NAME_PREFIX):].split(b"-")[0]
-        if not pid.isdigit():
-            return False
-        try:
-            os.kill(int(pid), 0)
-            return False
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    with open(HOSTS, "r+b") as f:
-        data = f.read()
-        keep = b"".join(l for l in data.splitlines(True) if not stale(l))
-        if keep != data:
-            f.seek(0)
-            f.write(keep)
-            f.truncate(len(keep))
+import hosts_file
 
 
 class NameResolvedAgain(harness.ProxyTestCase):
     def setUp(self):
         super().setUp()
-        if not os.access(HOSTS, os.W_OK):
-            self.fail("this test edits %s to move a host name and needs root "
-                      "(run the suite as CI does)" % HOSTS)
-        lock = open(HOSTS_LOCK, "a")
-        self.addCleanup(lock.close)  # (closing releases the lock)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        remove_stale_entries()
-        self.hosts = HostsEntry("%s%d-%s" % (NAME_PREFIX.decode(), os.getpid(),
-                                             self._testMethodName[-8:]))
-        self.addCleanup(self.hosts.remove)
+        self.hosts = hosts_file.entry_for(self, self._testMethodName[-8:])
 
     def proxy_for(self, port, interval="1s", workers=None):
         cfg = self.config(upstream_url="http://%s:%d" % (self.hosts.name, port))
