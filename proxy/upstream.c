@@ -449,13 +449,70 @@ struct upstream_addrs {
     atomic_uint refs;
     unsigned gen; /* the origin's gen when it became current */
     struct addrinfo *ai;
+    unsigned n;
+    /* Per address (in list order): until when it is taken for down, after
+     * a connect to it failed or got no answer. New connections try the
+     * others first meanwhile, so a host that is down among several costs
+     * one connect timeout, not one per new connection. */
+    _Atomic int64_t *down_until_ms;
 };
+
+/* How long an address whose connect failed is tried after the others (as
+ * nginx's fail_timeout). */
+#define ADDR_DOWN_MS 10000
 
 static void addrs_put(struct upstream_addrs *a)
 {
     if (a != NULL && atomic_fetch_sub(&a->refs, 1) == 1) {
         freeaddrinfo(a->ai);
+        free(a->down_until_ms);
         free(a);
+    }
+}
+
+static bool addr_same(const struct addrinfo *a, const struct addrinfo *b)
+{
+    return a->ai_family == b->ai_family && a->ai_addrlen == b->ai_addrlen &&
+           memcmp(a->ai_addr, b->ai_addr, a->ai_addrlen) == 0;
+}
+
+/* ai's place in addrs' list (ai is one of its entries). */
+static unsigned addr_index(const struct upstream_addrs *addrs, const struct addrinfo *ai)
+{
+    unsigned i = 0;
+    for (const struct addrinfo *a = addrs->ai; a != NULL && a != ai; a = a->ai_next)
+        i++;
+    return i;
+}
+
+static void addr_mark_in(struct upstream_addrs *addrs, unsigned i, int64_t until_ms)
+{
+    if (i < addrs->n)
+        atomic_store_explicit(&addrs->down_until_ms[i], until_ms, memory_order_relaxed);
+}
+
+static bool addr_down(const struct upstream_addrs *addrs, unsigned i, int64_t now_ms)
+{
+    return i < addrs->n &&
+           atomic_load_explicit(&addrs->down_until_ms[i], memory_order_relaxed) > now_ms;
+}
+
+/* A new lookup keeps what is known of the addresses it gives again. */
+static void addrs_carry_down(struct upstream_addrs *fresh, const struct upstream_addrs *old)
+{
+    unsigned i = 0;
+    if (old == NULL)
+        return;
+    for (const struct addrinfo *a = fresh->ai; a != NULL && i < fresh->n; a = a->ai_next, i++) {
+        unsigned j = 0;
+        for (const struct addrinfo *b = old->ai; b != NULL && j < old->n; b = b->ai_next, j++)
+            if (addr_same(a, b)) {
+                atomic_store_explicit(&fresh->down_until_ms[i],
+                                      atomic_load_explicit(&old->down_until_ms[j],
+                                                           memory_order_relaxed),
+                                      memory_order_relaxed);
+                break;
+            }
     }
 }
 
@@ -503,6 +560,16 @@ static struct upstream_addrs *origin_resolve(const struct upstream_origin *o)
         free(a);
         return NULL;
     }
+    for (const struct addrinfo *ai = a->ai; ai != NULL; ai = ai->ai_next)
+        a->n++;
+    a->down_until_ms = calloc(a->n, sizeof(*a->down_until_ms));
+    if (a->down_until_ms == NULL) {
+        freeaddrinfo(a->ai);
+        free(a);
+        return NULL;
+    }
+    for (unsigned i = 0; i < a->n; i++)
+        atomic_init(&a->down_until_ms[i], 0);
     atomic_init(&a->refs, 1);
     return a;
 }
@@ -519,6 +586,32 @@ static struct upstream_addrs *origin_addrs(struct upstream_origin *o)
         atomic_fetch_add(&a->refs, 1);
     pthread_mutex_unlock(&o->lock);
     return a;
+}
+
+/* Takes ai (of addrs) for down, or for up again, there and in the current
+ * resolution if that is a newer one (which new connections use). */
+static void addr_mark(struct upstream_origin *o, struct upstream_addrs *addrs,
+                      const struct addrinfo *ai, bool down)
+{
+    int64_t until_ms = down ? idem_mono_ms() + ADDR_DOWN_MS : 0;
+    unsigned at = addr_index(addrs, ai);
+
+    if (at >= addrs->n ||
+        (!down && atomic_load_explicit(&addrs->down_until_ms[at], memory_order_relaxed) == 0))
+        return; /* (clearing: the usual case, nothing to clear) */
+    addr_mark_in(addrs, at, until_ms);
+    if (addrs->gen == atomic_load_explicit(&o->gen, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&o->lock);
+    if (o->cur != NULL && o->cur != addrs) {
+        unsigned i = 0;
+        for (const struct addrinfo *a = o->cur->ai; a != NULL; a = a->ai_next, i++)
+            if (addr_same(a, ai)) {
+                addr_mark_in(o->cur, i, until_ms);
+                break;
+            }
+    }
+    pthread_mutex_unlock(&o->lock);
 }
 
 /* A worker found no address that connects (or none at all): resolve again
@@ -574,6 +667,7 @@ static void *resolver_main(void *arg)
             }
             if (fresh != NULL) {
                 old = o->cur;
+                addrs_carry_down(fresh, old);
                 o->cur = fresh;
                 fresh->gen = atomic_load(&o->gen) + 1;
                 atomic_store(&o->gen, fresh->gen);
@@ -770,6 +864,8 @@ struct upstream_exchange {
     bool ever_written; /* a request byte left on some connection */
     bool may_retry;
     bool retried;
+    bool took_new_addrs; /* went on to a newer resolution's addresses once */
+    uint64_t tried;      /* the addresses (by place) of conn's list it tried */
     int64_t deadline_ms;
     int64_t connect_deadline_ms;
     enum idem_upstream_result result;
@@ -882,10 +978,32 @@ static void x_close_conn(struct upstream_exchange *x)
     }
 }
 
-static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
-                      const struct addrinfo *ai);
+static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs);
 static void x_connect_fresh(struct upstream_exchange *x);
 static bool x_write(struct upstream_exchange *x);
+
+/* The addresses of a lookup newer than addrs, with a reference the caller
+ * puts back, once per exchange: NULL when there is none, or when x already
+ * went on to newer addresses (a name that changes on every lookup must not
+ * keep one request connecting for ever). */
+static struct upstream_addrs *x_newer_addrs(struct upstream_exchange *x,
+                                            const struct upstream_addrs *addrs)
+{
+    struct upstream_origin *o = x->pool->o;
+    struct upstream_addrs *cur;
+
+    if (x->took_new_addrs || addrs == NULL ||
+        addrs->gen == atomic_load_explicit(&o->gen, memory_order_relaxed))
+        return NULL;
+    cur = origin_addrs(o);
+    if (cur == addrs) {
+        addrs_put(cur);
+        return NULL;
+    }
+    if (cur != NULL)
+        x->took_new_addrs = true;
+    return cur;
+}
 
 /*
  * The connection failed (an error, a reset or an end before the answer was
@@ -902,19 +1020,18 @@ static void x_conn_failed(struct upstream_exchange *x)
     struct upstream_conn *c = x->conn;
     bool connecting = c->connecting;
     bool reused = c->uses > 0;
-    const struct addrinfo *next = c->addr != NULL ? c->addr->ai_next : NULL;
+    const struct addrinfo *c_addr = c->addr; /* lives in addrs */
     struct upstream_addrs *addrs = c->addrs;
 
     if (addrs != NULL)
-        atomic_fetch_add(&addrs->refs, 1); /* next lives in it */
+        atomic_fetch_add(&addrs->refs, 1); /* c_addr lives in it */
     x_close_conn(x);
     if (connecting) {
-        if (next != NULL) {
-            x_connect(x, addrs, next);
+        /* Nothing was sent: the next address (none left: see x_connect). */
+        if (addrs != NULL) {
+            addr_mark(x->pool->o, addrs, c_addr, true);
+            x_connect(x, addrs);
         } else {
-            /* No address of this resolution connects: the name may point
-             * elsewhere now. */
-            origin_resolve_soon(x->pool->o);
             x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
         }
         addrs_put(addrs);
@@ -945,9 +1062,7 @@ static bool conn_addr_gone(struct upstream_origin *o, struct upstream_conn *c)
     pthread_mutex_lock(&o->lock);
     if (o->cur != NULL) {
         const struct addrinfo *a = o->cur->ai;
-        while (a != NULL &&
-               !(a->ai_family == c->addr->ai_family && a->ai_addrlen == c->addr->ai_addrlen &&
-                 memcmp(a->ai_addr, c->addr->ai_addr, a->ai_addrlen) == 0))
+        while (a != NULL && !addr_same(a, c->addr))
             a = a->ai_next;
         gone = a == NULL;
         c->gen_seen = o->cur->gen;
@@ -1141,61 +1256,102 @@ static void x_connect_fresh(struct upstream_exchange *x)
         x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
         return;
     }
-    x_connect(x, addrs, addrs->ai);
+    x->tried = 0;
+    x_connect(x, addrs);
     addrs_put(addrs);
 }
 
-/* Opens a fresh connection to ai (then the following addresses of addrs)
- * for x; the connection takes its own reference to addrs. */
-static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs,
-                      const struct addrinfo *ai)
+static bool addrs_have(const struct upstream_addrs *addrs, const struct addrinfo *ai)
+{
+    for (const struct addrinfo *a = addrs->ai; a != NULL; a = a->ai_next)
+        if (addr_same(a, ai))
+            return true;
+    return false;
+}
+
+/* Opens a fresh connection for x to the first address of addrs that x has
+ * not tried: first those not taken for down, in their order, then those
+ * that are (a single address is always tried). Only the first 64 addresses
+ * of a name are used. The connection takes its own reference to addrs. */
+static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs)
 {
     struct upstream_pool *p = x->pool;
+    int64_t now = idem_mono_ms();
+    bool out_of_addrs = true;
 
-    for (; ai != NULL; ai = ai->ai_next) {
-        struct upstream_conn *c;
-        struct epoll_event ev = {0};
-        int one = 1;
-        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        int rc;
+    for (int pass = 0; pass < 2 && out_of_addrs; pass++) {
+        unsigned i = 0;
+        for (const struct addrinfo *ai = addrs->ai; ai != NULL && i < 64; ai = ai->ai_next, i++) {
+            struct upstream_conn *c;
+            struct epoll_event ev = {0};
+            int one = 1;
+            int fd;
+            int rc;
 
-        if (fd < 0)
-            continue;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc != 0 && errno != EINPROGRESS) {
-            close(fd);
-            continue;
+            if ((x->tried & (UINT64_C(1) << i)) != 0 || addr_down(addrs, i, now) != (pass == 1))
+                continue;
+            x->tried |= UINT64_C(1) << i;
+            fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (fd < 0)
+                continue;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+            if (rc != 0 && errno != EINPROGRESS) {
+                close(fd);
+                addr_mark(p->o, addrs, ai, true);
+                continue;
+            }
+            c = malloc(sizeof(*c) + p->buf_bytes);
+            if (c == NULL) {
+                close(fd);
+                out_of_addrs = false;
+                break;
+            }
+            memset(c, 0, sizeof(*c));
+            c->fd = fd;
+            c->cap = p->buf_bytes;
+            atomic_fetch_add(&addrs->refs, 1);
+            c->addrs = addrs;
+            c->addr = ai;
+            c->gen_seen = addrs->gen;
+            c->connecting = rc != 0;
+            c->events = c->connecting ? EPOLLOUT : EPOLLIN | EPOLLRDHUP;
+            ev.events = c->events;
+            ev.data.u64 = p->ep_tag | (uint64_t)(uint32_t)fd << 8;
+            if (pool_track(p, c) != 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+                conn_close(p, c);
+                out_of_addrs = false;
+                break;
+            }
+            c->x = x;
+            x->conn = c;
+            x->connect_deadline_ms = now + p->opt.connect_timeout_ms;
+            upstream_parser_clear(&x->parser);
+            upstream_parser_init(&x->parser, x->parser.no_body_request, p->opt.max_header_bytes,
+                                 p->opt.max_response_bytes);
+            if (!c->connecting) {
+                addr_mark(p->o, addrs, ai, false);
+                x_write(x);
+            }
+            return;
         }
-        c = malloc(sizeof(*c) + p->buf_bytes);
-        if (c == NULL) {
-            close(fd);
-            break;
+    }
+    if (out_of_addrs) {
+        /* No address of this resolution connects: the name may point
+         * elsewhere now, and may already have been looked up again (while
+         * a connect waited for its timeout): then the new addresses, less
+         * those just tried. */
+        struct upstream_addrs *newer = x_newer_addrs(x, addrs);
+        if (newer != NULL) {
+            unsigned i = 0;
+            x->tried = 0;
+            for (const struct addrinfo *ai = newer->ai; ai != NULL && i < 64; ai = ai->ai_next, i++)
+                if (addrs_have(addrs, ai))
+                    x->tried |= UINT64_C(1) << i;
+            x_connect(x, newer);
+            addrs_put(newer);
+            return;
         }
-        memset(c, 0, sizeof(*c));
-        c->fd = fd;
-        c->cap = p->buf_bytes;
-        atomic_fetch_add(&addrs->refs, 1);
-        c->addrs = addrs;
-        c->addr = ai;
-        c->gen_seen = addrs->gen;
-        c->connecting = rc != 0;
-        c->events = c->connecting ? EPOLLOUT : EPOLLIN | EPOLLRDHUP;
-        ev.events = c->events;
-        ev.data.u64 = p->ep_tag | (uint64_t)(uint32_t)fd << 8;
-        if (pool_track(p, c) != 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-            conn_close(p, c);
-            break;
-        }
-        c->x = x;
-        x->conn = c;
-        x->connect_deadline_ms = idem_mono_ms() + p->opt.connect_timeout_ms;
-        upstream_parser_clear(&x->parser);
-        upstream_parser_init(&x->parser, x->parser.no_body_request, p->opt.max_header_bytes,
-                             p->opt.max_response_bytes);
-        if (!c->connecting)
-            x_write(x);
-        return;
     }
     origin_resolve_soon(p->o);
     x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
@@ -1417,6 +1573,7 @@ void upstream_event(struct upstream_pool *p, int fd, uint32_t events)
         if ((events & EPOLLOUT) == 0)
             return;
         c->connecting = false;
+        addr_mark(p->o, c->addrs, c->addr, false);
         x_write(x);
         return;
     }
@@ -1439,7 +1596,12 @@ void upstream_expire(struct upstream_pool *p, int64_t now_ms)
         struct upstream_exchange *next = x->next;
         bool connect_late =
             x->conn != NULL && x->conn->connecting && now_ms >= x->connect_deadline_ms;
-        if (connect_late || now_ms >= x->deadline_ms) {
+        if (connect_late && now_ms < x->deadline_ms) {
+            /* This address does not answer (a host that is down drops the
+             * connect): on to the next one, as after a refused connect. */
+            x_conn_failed(x);
+            origin_resolve_soon(p->o); /* the address may be gone for good */
+        } else if (connect_late || now_ms >= x->deadline_ms) {
             bool sent = x->ever_written;
             if (connect_late)
                 origin_resolve_soon(p->o); /* the address may be gone for good */
