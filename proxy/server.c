@@ -297,6 +297,7 @@ struct proxy_server {
     pthread_mutex_t ip_lock;
     struct ip_count *ip_buckets[IP_BUCKETS];
     char *upstream_base; /* upstream URL without trailing slash */
+    bool upstream_literal; /* its host is an IP address (libcurl: see curl_host_check) */
     struct upstream_origin *origin; /* the native client's; NULL with libcurl */
     struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
@@ -1246,9 +1247,11 @@ static int start_upstream(struct request *r)
     /* libcurl matches pooled connections by host name, not address: one
      * opened before the name moved would be used for good. Renewed once
      * they are a resolve interval old, connections follow a moved name (the
-     * native client closes those of a replaced resolution instead). */
-    curl_easy_setopt(e, CURLOPT_MAXLIFETIME_CONN,
-                     (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
+     * native client closes those of a replaced resolution instead). A
+     * literal address cannot move. */
+    if (!r->w->srv->upstream_literal)
+        curl_easy_setopt(e, CURLOPT_MAXLIFETIME_CONN,
+                         (long)((cfg->upstream.resolve_interval_ms + 999) / 1000));
     /* Whole seconds. libcurl 7.88 reuses a connection while its idle
      * seconds, rounded down, do not exceed this, newer ones while its idle
      * milliseconds do not exceed this x 1000 (and take 0 as no limit): with
@@ -3183,15 +3186,17 @@ static void worker_fini(struct worker *w)
     free(w->logbuf);
 }
 
-/* For the start-up warning with upstream.client "libcurl", which resolves
- * only when it connects: does the URL's host resolve now? A literal address
- * always does. */
-static bool curl_host_resolves(const char *url)
+/* For upstream.client "libcurl", which resolves only when it connects:
+ * does the URL's host resolve now (for the start-up warning)? And is it a
+ * literal address (*literal), which always does? */
+static bool curl_host_check(const char *url, bool *literal)
 {
     CURLU *u = curl_url();
     char *host = NULL;
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
     bool ok = true; /* when in doubt, no warning */
+
+    *literal = false;
 
     if (u != NULL && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
         curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
@@ -3202,6 +3207,11 @@ static bool curl_host_resolves(const char *url)
             name = host + 1;
         }
         ok = getaddrinfo(name, NULL, &hints, &ai) == 0;
+        if (ai != NULL)
+            freeaddrinfo(ai);
+        ai = NULL;
+        hints.ai_flags = AI_NUMERICHOST;
+        *literal = getaddrinfo(name, NULL, &hints, &ai) == 0;
         if (ai != NULL)
             freeaddrinfo(ai);
     }
@@ -3220,6 +3230,7 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
     int rc = -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned started = 0;
+    bool resolves = true; /* (libcurl's host, at start) */
 
     n = cfg->server.workers ? cfg->server.workers : (cores > 0 ? (unsigned)cores : 1);
     if (n > 64)
@@ -3247,6 +3258,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         upstream_origin_new(srv->upstream_base, cfg->upstream.resolve_interval_ms, &srv->origin,
                             err, errlen) != 0)
         goto fail;
+    if (cfg->upstream.client != CONFIG_UPSTREAM_NATIVE)
+        resolves = curl_host_check(srv->upstream_base, &srv->upstream_literal);
     for (unsigned i = 0; i < n; i++) {
         srv->workers[i].srv = srv;
         srv->workers[i].index = (int)i;
@@ -3305,7 +3318,7 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
             fprintf(stderr,
                     "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
                     "requests get 502 until it does (looked up again every second)\n");
-        else if (srv->origin == NULL && !curl_host_resolves(srv->upstream_base))
+        else if (srv->origin == NULL && !resolves)
             fprintf(stderr,
                     "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "
                     "requests get 502 until it does (looked up again when a connection is "

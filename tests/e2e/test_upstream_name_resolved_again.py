@@ -90,6 +90,22 @@ class NameResolvedAgain(harness.ProxyTestCase):
             self.assertEqual((old.count(key), new.count(key)), (0, 1),
                              "%s went to the old address" % key)
 
+    def test_literal_address_keeps_its_connections(self):
+        """An upstream given as an IP address cannot move: its pooled
+        connections are reused across resolve intervals (libcurl used to
+        renew them every interval all the same)."""
+        cfg = self.config()  # the upstream at 127.0.0.1
+        cfg["upstream"]["resolve_interval"] = "1s"
+        cfg["server"] = {"workers": 1}  # (one pool)
+        proxy = self.start_proxy(config=cfg)
+        for i in range(3):
+            if i:
+                time.sleep(1.6)  # past the interval, within idle_timeout (4 s)
+            self.assertEqual(self.post(proxy, "literal-%d" % i).status, 201)
+        seqs = [e["conn_seq"] for e in self.upstream.entries()
+                if e["key"].startswith("literal-")]
+        self.assertEqual(seqs, [1, 2, 3], "a connection to a literal address was renewed")
+
     def test_name_that_resolves_late_starts_working(self):
         up = harness.Upstream(self.workdir, "late", host="127.0.0.2").start()
         self.addCleanup(up.stop)
