@@ -94,12 +94,24 @@ static void print_store_error(const char *path, const char *err)
 struct check_ctx {
     bool print_records;
     int64_t now_ms;
+    int64_t lease_now_ms; /* leases are on the lease clock (store_clock) */
     uint64_t absent, in_progress, held, complete, stealable, expired_complete, duplicate_keys, bad;
     uint64_t seen;
     uint8_t prev_key[STORE_KEY_BYTES];
     uint64_t corrupt; /* entries that are not records (check_corrupt) */
     char corrupt_first[CHECK_CORRUPT_SHOWN][256];
 };
+
+/* A lease's end as a wall-clock time, as expires_ms is shown (saturating:
+ * the value comes from the store). */
+static int64_t lease_as_wall(const struct check_ctx *c, int64_t lease_ms)
+{
+    int64_t d;
+    if (__builtin_sub_overflow(lease_ms, c->lease_now_ms, &d) ||
+        __builtin_add_overflow(c->now_ms, d, &d))
+        return lease_ms > c->lease_now_ms ? INT64_MAX : INT64_MIN;
+    return d;
+}
 
 static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_record *rec,
                         void *arg)
@@ -118,7 +130,7 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
     case STORE_STATE_IN_PROGRESS:
         state = "in_progress";
         c->in_progress++;
-        if (rec->lease_expires_ms <= c->now_ms)
+        if (rec->lease_expires_ms <= c->lease_now_ms)
             c->stealable++;
         else if (store_lease_is_held(rec->lease_id))
             c->held++; /* ran, result not stored: taken until its TTL */
@@ -145,11 +157,12 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%lld,"
                "\"expires_ms\":%lld,\"status\":%d,\"body_bytes\":%zu}\n",
                state,
-               rec->state == STORE_STATE_IN_PROGRESS && rec->lease_expires_ms > c->now_ms &&
+               rec->state == STORE_STATE_IN_PROGRESS && rec->lease_expires_ms > c->lease_now_ms &&
                        store_lease_is_held(rec->lease_id)
                    ? "true"
                    : "false", /* as in the summary: a hold that ended is stealable */
-               (long long)rec->lease_expires_ms, (long long)rec->expires_ms,
+               (long long)lease_as_wall(c, rec->lease_expires_ms),
+               (long long)rec->expires_ms,
                rec->state == STORE_STATE_COMPLETE ? rec->status : 0, rec->body_len);
     }
     return 0;
@@ -213,6 +226,7 @@ static int check_store(const char *path, bool print_records)
     }
     store_reader_check(st, &cleared);
     c.now_ms = store_clock_realtime.now_ms(store_clock_realtime.ctx);
+    c.lease_now_ms = store_clock_lease_now(&store_clock_realtime);
     src = store_scan_all(st, check_record, check_corrupt, &c);
     store_stats(st, &stats);
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"

@@ -788,7 +788,8 @@ static int same_request(const struct store_record *rec, struct idem_fingerprints
 }
 
 enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
-                                           struct idem_fingerprints *fp, int64_t now_ms)
+                                           struct idem_fingerprints *fp, int64_t now_ms,
+                                           int64_t lease_now_ms)
 {
     enum idem_lookup_action action = IDEM_LOOKUP_ACQUIRE;
     bool live = false;
@@ -798,8 +799,9 @@ enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
         /* Seed: an expired COMPLETE record is treated as absent. */
         live = rec->expires_ms > now_ms;
     } else if (rec->state == STORE_STATE_IN_PROGRESS) {
-        /* IN_PROGRESS with an expired lease is stealable. */
-        live = rec->lease_expires_ms > now_ms;
+        /* IN_PROGRESS with an expired lease is stealable (leases are on
+         * the store's lease clock, store_clock). */
+        live = rec->lease_expires_ms > lease_now_ms;
     }
     if (!live) {
         /* The acquire stores the canonical fingerprint, for later retries

@@ -242,7 +242,8 @@ enum idem_lookup_action {
  * IDEM_LOOKUP_ACQUIRE guarantees fp->canonical_ready: the acquire stores it.
  */
 enum idem_lookup_action idem_decide_lookup(const struct store_record *rec,
-                                           struct idem_fingerprints *fp, int64_t now_ms);
+                                           struct idem_fingerprints *fp, int64_t now_ms,
+                                           int64_t lease_now_ms);
 
 /* How an upstream exchange ended. */
 enum idem_upstream_result {

@@ -312,11 +312,16 @@ static double mono_ms_f(void)
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-/* The store's clock: leases and TTLs are wall-clock times shared between
- * processes. */
+/* The store's clocks: TTLs are wall-clock times, leases times on the lease
+ * clock (store_clock), both shared between processes. */
 static int64_t real_ms(void)
 {
     return store_clock_realtime.now_ms(store_clock_realtime.ctx);
+}
+
+static int64_t lease_ms(void)
+{
+    return store_clock_lease_now(&store_clock_realtime);
 }
 
 /* ---- access log ------------------------------------------------------- */
@@ -1537,7 +1542,7 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
 
 static void respond_conflict(struct request *r)
 {
-    long ra = idem_retry_after_seconds(r->holder_lease_expires_ms, real_ms());
+    long ra = idem_retry_after_seconds(r->holder_lease_expires_ms, lease_ms());
     respond_problem(r, 409, "request-in-progress", "Request in progress",
                     "a request with this Idempotency-Key is still being processed; retry later",
                     "conflict", ra, false);
@@ -1548,7 +1553,7 @@ static void respond_conflict(struct request *r)
  * waiting would not change that. 409 at once, Retry-After the hold's end. */
 static void respond_held(struct request *r, int64_t held_until_ms)
 {
-    long ra = idem_retry_after_seconds(held_until_ms, real_ms());
+    long ra = idem_retry_after_seconds(held_until_ms, lease_ms());
     respond_problem(r, 409, "request-unstored", "Request result not stored",
                     "a request with this Idempotency-Key ran, but its result could not be "
                     "stored; the key cannot be used again until its TTL ends",
@@ -1634,7 +1639,7 @@ static void lookup(struct request *r)
         respond_unavailable(r, "the record store could not be read");
         goto out;
     }
-    switch (idem_decide_lookup(&rec, &r->fp, real_ms())) {
+    switch (idem_decide_lookup(&rec, &r->fp, real_ms(), lease_ms())) {
     case IDEM_LOOKUP_REPLAY:
         respond_replay(r, &rec);
         break;

@@ -7,6 +7,7 @@
 #include "store.h"
 #include "store_sha256.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,49 @@ static int64_t realtime_now_ms(void *ctx)
     return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
 }
 
-const struct store_clock store_clock_realtime = {realtime_now_ms, NULL};
+static int64_t boottime_now_ms(void *ctx)
+{
+    struct timespec ts;
+    (void)ctx;
+    /* Not stepped by NTP or by hand, counts a suspended host's time (a
+     * holder asleep that long is taken as paused, as any other pause), and
+     * one clock for every process of the host. */
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
+}
+
+/* The kernel's boot id, read once: "" when it cannot be read (then
+ * store_open refuses to write, see store_lmdb.c). */
+static char boot_id[40];
+static pthread_once_t boot_id_once = PTHREAD_ONCE_INIT;
+
+static void boot_id_read(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f != NULL) {
+        if (fgets(boot_id, sizeof(boot_id), f) == NULL)
+            boot_id[0] = '\0';
+        boot_id[strcspn(boot_id, "\n")] = '\0';
+        fclose(f);
+    }
+}
+
+static const char *boot_epoch(void *ctx)
+{
+    (void)ctx;
+    pthread_once(&boot_id_once, boot_id_read);
+    return boot_id;
+}
+
+const struct store_clock store_clock_realtime = {realtime_now_ms, NULL, boottime_now_ms,
+                                                 boot_epoch};
+
+int64_t store_clock_lease_now(const struct store_clock *clock)
+{
+    if (clock == NULL)
+        clock = &store_clock_realtime;
+    return clock->lease_now_ms != NULL ? clock->lease_now_ms(clock->ctx) : clock->now_ms(clock->ctx);
+}
 
 static void set_err(char *err, size_t errlen, const char *msg)
 {

@@ -179,10 +179,24 @@ struct store_op {
 struct store_clock {
     int64_t (*now_ms)(void *ctx); /* milliseconds; any epoch shared by all users of a store */
     void *ctx;
+    /* The clock leases are measured on (lease_expires_ms), or NULL: now_ms.
+     * It must be one that nobody sets: a step of the clock leases are on
+     * would make live leases look expired, and their actions run twice. */
+    int64_t (*lease_now_ms)(void *ctx);
+    /* What names lease_now_ms's epoch, or NULL (no epoch: leases stay as
+     * they are across opens). A store opened for writing under another
+     * epoch than it last was takes every lease in it for expired: the
+     * processes that held them are gone (the host rebooted). */
+    const char *(*lease_epoch)(void *ctx);
 };
 
-/* The real-time clock (CLOCK_REALTIME in ms): records outlive processes. */
+/* Real time (CLOCK_REALTIME in ms) for TTLs, which outlive processes and
+ * reboots; leases on CLOCK_BOOTTIME, which no one sets and every process of
+ * the host shares, its epoch the kernel's boot id. */
 extern const struct store_clock store_clock_realtime;
+
+/* The lease clock's now for a store opened with clock (NULL: the default). */
+int64_t store_clock_lease_now(const struct store_clock *clock);
 
 struct store_options {
     const char *path;        /* directory; created if missing (unless read_only) */

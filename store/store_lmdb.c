@@ -16,7 +16,9 @@
  * and moves it to the table its new state belongs in.
  *
  * The layout (STORE_LAYOUT) is 1 for a store without meta (records and
- * expiry only) and 2 since inflight. A process that does not know a layout
+ * expiry only), 2 since inflight, and 3 since leases are on the lease clock
+ * (store_clock: CLOCK_BOOTTIME, not the wall clock, whose steps made live
+ * leases look expired), with its epoch (the boot id) in meta. A process that does not know a layout
  * would not find every record in it: a record in flight where it does not
  * look could be acquired again and its request run twice. So opening a store
  * of a newer layout fails, and every write transaction checks the layout
@@ -56,8 +58,9 @@
 
 #define LMDB_DEFAULT_MAP_BYTES ((uint64_t)1 << 30)
 #define LMDB_MAX_DBS 4
-#define STORE_LAYOUT 2u
+#define STORE_LAYOUT 3u
 #define LAYOUT_KEY "layout"
+#define EPOCH_KEY "lease_epoch"
 /* Reader slots are shared by every process on the path; each pooled read
  * transaction holds one. */
 #define LMDB_MAX_READERS 1024
@@ -134,6 +137,10 @@ struct lmdb_store {
     MDB_dbi expiry;
     MDB_dbi meta;
     struct store_clock clock;
+    /* The lease clock's now in the write transaction under way: read with
+     * the wall clock's once the writer lock is held; only touched inside a
+     * write transaction. */
+    int64_t lease_now;
     uint64_t page_bytes;
     uint64_t reserve_pages;
     uint64_t headroom_pages;
@@ -343,6 +350,23 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
 static int64_t now_ms(const struct lmdb_store *s)
 {
     return s->clock.now_ms(s->clock.ctx);
+}
+
+static int64_t lease_now_ms(const struct lmdb_store *s)
+{
+    return store_clock_lease_now(&s->clock);
+}
+
+/* A time on the lease clock as a wall-clock time, by the two clocks' nows
+ * (saturating: values come from records, which trust nothing). */
+static int64_t lease_to_wall(int64_t lease_ms, int64_t lease_now, int64_t wall_now)
+{
+    int64_t d;
+    if (__builtin_sub_overflow(lease_ms, lease_now, &d) ||
+        __builtin_add_overflow(wall_now, d, &d)) {
+        return lease_ms > lease_now ? INT64_MAX : INT64_MIN;
+    }
+    return d;
 }
 
 /* now + delta without signed overflow (delta > 0 is checked by store.c). */
@@ -867,7 +891,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         }
         goto out;
     }
-    if (found && cur.state == STORE_STATE_IN_PROGRESS && cur.lease_expires_ms > now) {
+    if (found && cur.state == STORE_STATE_IN_PROGRESS && cur.lease_expires_ms > s->lease_now) {
         res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
         if (same_fp) {
             res->lease_expires_ms = cur.lease_expires_ms;
@@ -899,7 +923,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     if (rc != STORE_OK) {
         goto out;
     }
-    next.lease_expires_ms = add_ms(now, op->lease_ms);
+    next.lease_expires_ms = add_ms(s->lease_now, op->lease_ms);
     next.expires_ms = add_ms(now, op->ttl_ms);
     memcpy(next.fingerprint, op->fingerprint, STORE_FINGERPRINT_BYTES);
     next.has_raw_fingerprint = op->has_raw_fingerprint;
@@ -990,7 +1014,7 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
         }
         break;
     default: /* STORE_OP_EXTEND; the index follows expires_ms, not the lease */
-        next.lease_expires_ms = add_ms(now, op->lease_ms);
+        next.lease_expires_ms = add_ms(s->lease_now, op->lease_ms);
         if (op->hold) {
             memset(next.lease_id, 0, STORE_LEASE_ID_BYTES);
         }
@@ -1046,6 +1070,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     /* Read the clock only once the writer lock is held: a wait for the
      * lock must not make "now" stale. */
     now = now_ms(s);
+    s->lease_now = lease_now_ms(s);
     for (size_t j = 0; j < n && rc == STORE_OK; j++) {
         size_t i = order != NULL ? order[j] : j;
         if (ops[i].kind == STORE_OP_ACQUIRE) {
@@ -1404,7 +1429,7 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         }
         if (!found || v.expires_ms != t) {
             rc = index_del(s, txn, t, key); /* stale entry */
-        } else if (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= now) {
+        } else if (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= s->lease_now) {
             /* COMPLETE past its TTL, or IN_PROGRESS past its TTL whose lease
              * expired too (CONTRACT.md section 2, purge). */
             rc = record_del(s, txn, key, where);
@@ -1423,7 +1448,10 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             next.state = STORE_STATE_IN_PROGRESS;
             memcpy(next.lease_id, v.lease_id, STORE_LEASE_ID_BYTES);
             next.lease_expires_ms = v.lease_expires_ms;
-            next.expires_ms = v.lease_expires_ms;
+            next.expires_ms = lease_to_wall(v.lease_expires_ms, s->lease_now, now);
+            if (next.expires_ms <= now) {
+                next.expires_ms = now + 1; /* (due again, not in this step) */
+            }
             memcpy(next.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
             next.has_raw_fingerprint = v.has_raw_fingerprint;
             memcpy(next.raw_fingerprint, v.raw_fingerprint, STORE_FINGERPRINT_BYTES);
@@ -1549,7 +1577,7 @@ static int sweep_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             break;
         } else {
             purge = v.expires_ms <= now &&
-                    (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= now);
+                    (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= s->lease_now);
         }
         if (purge) {
             /* The cursor then stands on the next record, which MDB_NEXT
@@ -1630,6 +1658,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
         txn = NULL;
         goto out;
     }
+    s->lease_now = lease_now_ms(s);
     rc = purge_steps(s, txn, now_ms(s), max_records, &deleted, more, &changed);
     if (rc != STORE_OK || !changed) {
         goto out; /* nothing to commit: abort, no disk write */
@@ -1892,11 +1921,167 @@ out:
     return rc;
 }
 
+/* The lease epoch this process's clock is on: NULL when it has none (a
+ * test clock), "" when it cannot be told (store_open then refuses). */
+static const char *lease_epoch(const struct lmdb_store *s)
+{
+    return s->clock.lease_epoch != NULL ? s->clock.lease_epoch(s->clock.ctx) : NULL;
+}
+
+/* Whether the store's leases are on this process's lease clock: a layout
+ * of 3 whose epoch (when the clock has one) is this one. */
+static int leases_current(const struct lmdb_store *s, MDB_txn *txn, uint32_t layout, bool *yes)
+{
+    const char *epoch = lease_epoch(s);
+    MDB_val kv = {sizeof(EPOCH_KEY) - 1, (void *)EPOCH_KEY};
+    MDB_val dv;
+    int got;
+
+    *yes = false;
+    if (layout < 3) {
+        return STORE_OK;
+    }
+    if (epoch == NULL) {
+        *yes = true;
+        return STORE_OK;
+    }
+    got = mdb_get(txn, s->meta, &kv, &dv);
+    if (got == MDB_NOTFOUND) {
+        return STORE_OK;
+    }
+    if (got != 0) {
+        return map_err(got);
+    }
+    *yes = dv.mv_size == strlen(epoch) && memcmp(dv.mv_data, epoch, dv.mv_size) == 0;
+    return STORE_OK;
+}
+
+/* The keys of the IN_PROGRESS records in one table (a few: one per request
+ * in flight, and abandoned ones until purged). */
+static int in_progress_keys(MDB_txn *txn, MDB_dbi dbi, uint8_t **keys, size_t *n)
+{
+    MDB_cursor *cur = NULL;
+    MDB_val kv;
+    MDB_val dv;
+    size_t cap = 0;
+    int got;
+    int rc = map_err(mdb_cursor_open(txn, dbi, &cur));
+
+    *keys = NULL;
+    *n = 0;
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    for (got = mdb_cursor_get(cur, &kv, &dv, MDB_FIRST); got == 0;
+         got = mdb_cursor_get(cur, &kv, &dv, MDB_NEXT)) {
+        struct store_record_view v;
+        if (kv.mv_size != STORE_KEY_BYTES ||
+            store_record_parse(dv.mv_data, dv.mv_size, &v) != STORE_OK ||
+            v.state != STORE_STATE_IN_PROGRESS) {
+            continue;
+        }
+        if (*n == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            uint8_t *nk = realloc(*keys, ncap * STORE_KEY_BYTES);
+            if (nk == NULL) {
+                rc = STORE_ENOMEM;
+                break;
+            }
+            *keys = nk;
+            cap = ncap;
+        }
+        memcpy(*keys + *n * STORE_KEY_BYTES, kv.mv_data, STORE_KEY_BYTES);
+        (*n)++;
+    }
+    mdb_cursor_close(cur);
+    if (rc == STORE_OK && got != MDB_NOTFOUND) {
+        rc = map_err(got);
+    }
+    if (rc != STORE_OK) {
+        free(*keys);
+        *keys = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/*
+ * At open, in a write transaction: puts the store's leases on this
+ * process's lease clock, then records the layout and the epoch.
+ *  - From a layout before 3 (leases on the wall clock): every lease keeps
+ *    the time it had left, and IN_PROGRESS records still in records (layout
+ *    1) move to inflight, where a later epoch change finds them.
+ *  - Under another epoch (the host rebooted; every process that held a
+ *    lease is gone): every lease is over at once, as its holder is, except
+ *    a held record's, which is kept until its TTL as before.
+ * Expiry times (wall clock) do not change, so the index stays as it is.
+ */
+static int leases_settle(struct lmdb_store *s, MDB_txn *txn, uint32_t layout)
+{
+    const char *epoch = lease_epoch(s);
+    int64_t wall = now_ms(s);
+    int64_t lnow = lease_now_ms(s);
+    bool current = false;
+    int rc = leases_current(s, txn, layout, &current);
+
+    for (int t = 0; rc == STORE_OK && !current && t < (layout < 3 ? 2 : 1); t++) {
+        enum rec_table table = t == 0 ? REC_INFLIGHT : REC_RECORDS;
+        uint8_t *keys = NULL;
+        size_t n = 0;
+        rc = in_progress_keys(txn, table_dbi(s, table), &keys, &n);
+        for (size_t i = 0; rc == STORE_OK && i < n; i++) {
+            const uint8_t *key = keys + i * STORE_KEY_BYTES;
+            struct store_record_view v;
+            struct store_record_view next;
+            enum rec_table where = REC_NONE;
+            bool found = false;
+            rc = record_load(s, txn, key, &v, &found, &where, table == REC_INFLIGHT);
+            if (rc != STORE_OK || !found || v.state != STORE_STATE_IN_PROGRESS) {
+                rc = rc == STORE_ECORRUPT ? STORE_OK : rc;
+                continue;
+            }
+            next = v; /* an IN_PROGRESS record borrows nothing */
+            next.headers = NULL;
+            next.headers_len = 0;
+            next.body = NULL;
+            next.body_len = 0;
+            if (layout < 3) {
+                next.lease_expires_ms = lease_to_wall(v.lease_expires_ms, wall, lnow);
+            } else if (store_lease_is_held(v.lease_id) && v.expires_ms > wall) {
+                /* Held (its action ran, its result could not be stored): it
+                 * stays held until its TTL, as it would have without the
+                 * reboot. Its expiry is that end on the wall clock (set at
+                 * acquire, moved to the hold's end by purge once passed). */
+                next.lease_expires_ms = lease_to_wall(v.expires_ms, wall, lnow);
+            } else {
+                next.lease_expires_ms = lnow;
+            }
+            rc = record_put(s, txn, key, &next, where);
+        }
+        free(keys);
+    }
+    if (rc == STORE_OK && layout < STORE_LAYOUT) {
+        uint8_t lv[4] = {STORE_LAYOUT & 0xff, (STORE_LAYOUT >> 8) & 0xff,
+                         (STORE_LAYOUT >> 16) & 0xff, STORE_LAYOUT >> 24};
+        MDB_val kv = {sizeof(LAYOUT_KEY) - 1, (void *)LAYOUT_KEY};
+        MDB_val dv = {sizeof(lv), lv};
+        rc = map_err(mdb_put(txn, s->meta, &kv, &dv, 0));
+    }
+    if (rc == STORE_OK && !current && epoch != NULL) {
+        MDB_val kv = {sizeof(EPOCH_KEY) - 1, (void *)EPOCH_KEY};
+        MDB_val dv = {strlen(epoch), (void *)epoch};
+        rc = map_err(mdb_put(txn, s->meta, &kv, &dv, 0));
+    }
+    return rc;
+}
+
 /* Opens the four databases in one transaction of the given kind, and reads
- * the layout; a write transaction writes this code's layout over an older
- * one. Committing keeps the handles (a read-only commit writes nothing). */
+ * the layout and whether the leases are on this process's clock
+ * (*current); a write transaction puts them on it and writes this code's
+ * layout over an older one (leases_settle). Committing keeps the handles (a
+ * read-only commit writes nothing). */
 static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags,
-                       uint32_t *layout)
+                       uint32_t *layout, bool *current, int *store_rc)
 {
     MDB_txn *txn = NULL;
     int lrc = mdb_txn_begin(s->env, NULL, txn_flags, &txn);
@@ -1914,23 +2099,28 @@ static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned in
     if (lrc == 0) {
         lrc = mdb_dbi_open(txn, "meta", db_flags, &s->meta);
     }
+    *current = false;
     if (lrc == 0) {
         rc = layout_read(s, txn, layout);
     }
-    if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) && *layout < STORE_LAYOUT) {
-        uint8_t v[4] = {STORE_LAYOUT & 0xff, (STORE_LAYOUT >> 8) & 0xff,
-                        (STORE_LAYOUT >> 16) & 0xff, STORE_LAYOUT >> 24};
-        MDB_val kv = {sizeof(LAYOUT_KEY) - 1, (void *)LAYOUT_KEY};
-        MDB_val dv = {sizeof(v), v};
-        lrc = mdb_put(txn, s->meta, &kv, &dv, 0);
-        *layout = STORE_LAYOUT;
+    if (lrc == 0 && rc == STORE_OK && *layout <= STORE_LAYOUT) {
+        rc = leases_current(s, txn, *layout, current);
+    }
+    if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) &&
+        (*layout < STORE_LAYOUT || !*current)) {
+        rc = leases_settle(s, txn, *layout);
+        if (rc == STORE_OK) {
+            *layout = STORE_LAYOUT;
+            *current = true;
+        }
     }
     if (lrc == 0 && rc == STORE_OK) {
         lrc = mdb_txn_commit(txn);
     } else if (txn != NULL) {
         mdb_txn_abort(txn);
     }
-    return lrc != 0 ? lrc : rc == STORE_OK ? 0 : MDB_CORRUPTED;
+    *store_rc = rc;
+    return lrc != 0 ? lrc : rc == STORE_ECORRUPT ? MDB_CORRUPTED : 0;
 }
 
 /* Opens the databases. An existing store of this layout is opened
@@ -1941,7 +2131,19 @@ static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned in
 static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
 {
     uint32_t layout = 0;
-    int lrc = open_dbs_in(s, MDB_RDONLY, 0, &layout);
+    bool current = false;
+    const char *epoch = lease_epoch(s);
+    int src = STORE_OK;
+    int lrc;
+
+    if (!s->read_only && epoch != NULL && epoch[0] == '\0') {
+        snprintf(err, errlen,
+                 "store: cannot tell this boot from another (/proc/sys/kernel/random/boot_id "
+                 "unreadable), so leases left by processes before a reboot could not be told "
+                 "from live ones");
+        return STORE_EINVAL;
+    }
+    lrc = open_dbs_in(s, MDB_RDONLY, 0, &layout, &current, &src);
 
     if (s->read_only && lrc == MDB_NOTFOUND) {
         snprintf(err, errlen,
@@ -1949,8 +2151,14 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
                  "older layout, which a proxy of this version upgrades when it opens it)");
         return STORE_EINVAL;
     }
-    if (!s->read_only && (lrc == MDB_NOTFOUND || (lrc == 0 && layout < STORE_LAYOUT))) {
-        lrc = open_dbs_in(s, 0, MDB_CREATE, &layout);
+    if (!s->read_only && (lrc == MDB_NOTFOUND || (lrc == 0 && layout <= STORE_LAYOUT &&
+                                                  (layout < STORE_LAYOUT || !current)))) {
+        lrc = open_dbs_in(s, 0, MDB_CREATE, &layout, &current, &src);
+    }
+    if (lrc == 0 && src != STORE_OK) {
+        snprintf(err, errlen, "store: cannot settle the leases of the records in flight: %s",
+                 store_strerror(src));
+        return src;
     }
     if (lrc == MDB_CORRUPTED) {
         snprintf(err, errlen, "store: cannot open databases: the layout record is malformed");

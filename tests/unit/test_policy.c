@@ -1098,7 +1098,7 @@ static enum idem_lookup_action lookup_lease(enum store_state st, bool same_fp, e
     rec.expires_ms = at(ttl);
     if (st == STORE_STATE_COMPLETE)
         rec.status = 201;
-    return idem_decide_lookup(&rec, &fp, now_ms);
+    return idem_decide_lookup(&rec, &fp, now_ms, now_ms);
 }
 
 static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum when lease,
@@ -1220,14 +1220,14 @@ static void test_lookup_raw_match_skips_canonical(void **state)
     record_of(&rec, pay_a, false);
     request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
     assert_false(fp.canonical_ready);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_REPLAY);
     assert_false(fp.canonical_ready);
 
     /* The same for a live IN_PROGRESS record: busy, without canonicalising. */
     rec.state = STORE_STATE_IN_PROGRESS;
     rec.lease_expires_ms = now_ms + 1000;
     memset(rec.lease_id, 0x55, sizeof(rec.lease_id));
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_BUSY);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_BUSY);
     assert_false(fp.canonical_ready);
 }
 
@@ -1242,7 +1242,7 @@ static void test_lookup_reordered_json_replays(void **state)
     record_of(&rec, pay_a, false);
     request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
     assert_memory_not_equal(fp.raw, rec.raw_fingerprint, STORE_FINGERPRINT_BYTES);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_REPLAY);
     assert_true(fp.canonical_ready);
     assert_memory_equal(fp.canonical, rec.fingerprint, STORE_FINGERPRINT_BYTES);
 }
@@ -1255,10 +1255,10 @@ static void test_lookup_different_body_mismatch(void **state)
     (void)state;
     record_of(&rec, pay_a, false);
     request_fp(&fp, pay_b, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_MISMATCH);
     rec.state = STORE_STATE_IN_PROGRESS;
     rec.lease_expires_ms = now_ms + 1000;
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_MISMATCH);
 }
 
 /* A record stored before version 2 has no raw fingerprint: every
@@ -1271,12 +1271,12 @@ static void test_lookup_v1_record_uses_canonical(void **state)
     (void)state;
     record_of(&rec, pay_a, true);
     request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_REPLAY);
     assert_true(fp.canonical_ready);
     request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_REPLAY);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_REPLAY);
     request_fp(&fp, pay_b, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_MISMATCH);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_MISMATCH);
 }
 
 /* An acquire stores the canonical fingerprint (for later retries formatted
@@ -1290,7 +1290,7 @@ static void test_lookup_acquire_makes_canonical(void **state)
     (void)state;
     memset(&rec, 0, sizeof(rec));
     request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_ACQUIRE);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_ACQUIRE);
     assert_true(fp.canonical_ready);
     assert_int_equal(idem_fingerprint("POST", "/v1/payments", 12, "application/json",
                                       pay_a_reordered, strlen(pay_a_reordered),
@@ -1303,7 +1303,7 @@ static void test_lookup_acquire_makes_canonical(void **state)
     record_of(&rec, pay_b, false);
     rec.expires_ms = now_ms;
     request_fp(&fp, pay_a, "application/json", CONFIG_FINGERPRINT_AUTO);
-    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms), IDEM_LOOKUP_ACQUIRE);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_ACQUIRE);
     assert_true(fp.canonical_ready);
 }
 

@@ -33,12 +33,26 @@
 
 struct fake_clock {
     _Atomic int64_t now;
+    _Atomic int64_t lease_now; /* with use_lease_clock() */
+    const char *epoch;
 };
 
 static int64_t fake_now(void *ctx)
 {
     struct fake_clock *c = ctx;
     return atomic_load(&c->now);
+}
+
+static int64_t fake_lease_now(void *ctx)
+{
+    struct fake_clock *c = ctx;
+    return atomic_load(&c->lease_now);
+}
+
+static const char *fake_epoch(void *ctx)
+{
+    struct fake_clock *c = ctx;
+    return c->epoch;
 }
 
 struct fixture {
@@ -50,6 +64,13 @@ struct fixture {
 };
 
 static void advance(struct fixture *f, int64_t ms)
+{
+    atomic_fetch_add(&f->clock.now, ms);
+    atomic_fetch_add(&f->clock.lease_now, ms);
+}
+
+/* The wall clock alone jumps (an NTP step): the lease clock does not. */
+static void step_wall(struct fixture *f, int64_t ms)
 {
     atomic_fetch_add(&f->clock.now, ms);
 }
@@ -1491,21 +1512,21 @@ static void test_newer_layout_refused(void **state)
     assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
     store_close(f->st);
     f->st = NULL;
-    assert_int_equal(set_layout(f->path, 3), 2);
+    assert_int_equal(set_layout(f->path, 4), 3);
     memset(&opt, 0, sizeof(opt));
     opt.path = f->path;
     opt.clock = &f->store_clock;
     assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
     assert_null(st);
-    assert_non_null(strstr(err, "newer idemproxy (store layout 3"));
+    assert_non_null(strstr(err, "newer idemproxy (store layout 4"));
 
-    assert_int_equal(set_layout(f->path, 2), 3);
+    assert_int_equal(set_layout(f->path, 3), 4);
     assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
     /* Another process (this one may not open the path twice) raises it. */
     pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        _exit(set_layout(f->path, 3) == 2 ? 0 : 1);
+        _exit(set_layout(f->path, 4) == 3 ? 0 : 1);
     }
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -1520,8 +1541,9 @@ static void test_newer_layout_refused(void **state)
 }
 
 /* A store written before the split holds IN_PROGRESS records in records and
- * has no inflight table: it opens, and every edge finds such a record and
- * leaves it in the table its new state belongs in. */
+ * has no inflight table: it opens, its IN_PROGRESS records move to inflight
+ * (the upgrade to layout 3, leases_settle), and every edge finds such a
+ * record and leaves it in the table its new state belongs in. */
 static void test_in_progress_from_before_the_split(void **state)
 {
     struct fixture *f = *state;
@@ -1540,7 +1562,7 @@ static void test_in_progress_from_before_the_split(void **state)
     drop_layout_2_tables(f->path);
     assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
     assert_int_equal(records_in(f->st), 5);
-    assert_int_equal(closed_tables_holding(f, "ext"), IN_RECORDS);
+    assert_int_equal(closed_tables_holding(f, "ext"), IN_INFLIGHT);
 
     assert_int_equal(acquire(f->st, "rel", 'c', 1000, 60000, &o), STORE_BUSY);
     assert_int_equal(extend(f->st, "ext", lease, 30000), STORE_DONE);
@@ -1558,6 +1580,158 @@ static void test_in_progress_from_before_the_split(void **state)
     assert_int_equal(purged, 1);
     assert_int_equal(closed_tables_holding(f, "purged"), 0);
     assert_int_equal(records_in(f->st), 3);
+}
+
+/* Puts the fixture's store on a lease clock of its own, apart from the
+ * wall clock, under epoch (a boot id), and opens it again. */
+static void use_lease_clock(struct fixture *f, int64_t lease_now, const char *epoch)
+{
+    store_close(f->st);
+    f->st = NULL;
+    atomic_store(&f->clock.lease_now, lease_now);
+    f->clock.epoch = epoch;
+    f->store_clock.lease_now_ms = fake_lease_now;
+    f->store_clock.lease_epoch = fake_epoch;
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+}
+
+/* Leases are on the lease clock: a step of the wall clock past a live
+ * lease (an NTP step) does not make it stealable, nor its record
+ * purgeable; only the lease clock's time does. On the wall clock, the
+ * duplicate after the step stole the key and ran it again. */
+static void test_wall_clock_step_leaves_leases_alone(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op o;
+    size_t purged = 0;
+
+    use_lease_clock(f, 5000, "boot-1");
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &o), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "short-ttl", 'a', 1000, 500, &o), STORE_ACQUIRED);
+    step_wall(f, 120000); /* past both leases and both TTLs, on the wall clock */
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &o), STORE_BUSY);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 0); /* "short-ttl": TTL over, lease live */
+    assert_int_equal(records_in(f->st), 2);
+
+    advance(f, 1500); /* the leases end on their own clock */
+    assert_int_equal(acquire(f->st, "held", 'a', 1000, 60000, &o), STORE_ACQUIRED);
+    assert_true(o.stolen);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(records_in(f->st), 1);
+}
+
+/* Under another epoch (the host rebooted), every lease in the store is
+ * over: the processes that held them are gone, and the new boot's lease
+ * clock starts again near zero, where the old leases' times would look
+ * live for as long as the last boot lasted. COMPLETE records are as they
+ * were; the same epoch leaves leases alone. */
+static void test_leases_end_with_the_boot(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op o;
+    uint8_t lease[STORE_LEASE_ID_BYTES];
+
+    use_lease_clock(f, 9000000, "boot-1"); /* a boot of 2.5 hours */
+    assert_int_equal(acquire(f->st, "in-flight", 'a', 60000, 600000, &o), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "done", 'a', 60000, 600000, &o), STORE_ACQUIRED);
+    memcpy(lease, o.lease_id, sizeof(lease));
+    assert_int_equal(complete(f->st, "done", lease, 600000, "ok"), STORE_DONE);
+
+    use_lease_clock(f, 9000100, "boot-1"); /* a restart, same boot */
+    assert_int_equal(acquire(f->st, "in-flight", 'a', 60000, 600000, &o), STORE_BUSY);
+
+    advance(f, 30000);
+    use_lease_clock(f, 20000, "boot-2"); /* rebooted, 20 s ago */
+    assert_int_equal(acquire(f->st, "in-flight", 'a', 60000, 600000, &o), STORE_ACQUIRED);
+    assert_true(o.stolen);
+    assert_int_equal(acquire(f->st, "done", 'a', 60000, 600000, &o), STORE_REPLAY);
+    store_record_clear(&o.replay);
+
+    /* The new lease is on the new boot's clock, and a restart keeps it. */
+    use_lease_clock(f, 20100, "boot-2");
+    assert_int_equal(acquire(f->st, "in-flight", 'a', 60000, 600000, &o), STORE_BUSY);
+}
+
+/* A held record (its action ran, its result could not be stored) stays
+ * held across a reboot until its TTL, as across a restart: its duplicates
+ * get BUSY (held), never a second run. */
+static void test_held_record_outlives_the_boot(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op o;
+    uint8_t lease[STORE_LEASE_ID_BYTES];
+    uint8_t key[STORE_KEY_BYTES];
+    struct store_op h;
+
+    use_lease_clock(f, 9000000, "boot-1");
+    assert_int_equal(acquire(f->st, "ran", 'a', 60000, 600000, &o), STORE_ACQUIRED);
+    memcpy(lease, o.lease_id, sizeof(lease));
+    key_of("ran", key);
+    memset(&h, 0, sizeof(h));
+    h.kind = STORE_OP_EXTEND;
+    memcpy(h.key, key, sizeof(key));
+    memcpy(h.lease_id, lease, sizeof(lease));
+    h.lease_ms = 600000; /* held for its TTL */
+    h.hold = true;
+    assert_int_equal(store_apply(f->st, &h, 1), 0);
+    assert_int_equal(h.outcome, STORE_DONE);
+
+    advance(f, 60000);
+    use_lease_clock(f, 20000, "boot-2");
+    assert_int_equal(acquire(f->st, "ran", 'a', 60000, 600000, &o), STORE_BUSY);
+    assert_true(o.held);
+    advance(f, 530000); /* 10 s before its TTL (from the acquire) ends */
+    assert_int_equal(acquire(f->st, "ran", 'a', 60000, 600000, &o), STORE_BUSY);
+    advance(f, 11000);
+    assert_int_equal(acquire(f->st, "ran", 'a', 60000, 600000, &o), STORE_ACQUIRED);
+}
+
+/* A store of layout 2 has its leases on the wall clock: opening it moves
+ * each to the lease clock with the time it had left, and writes layout 3. */
+static void test_wall_clock_leases_upgraded(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op o;
+
+    assert_int_equal(acquire(f->st, "mid-action", 'a', 10000, 600000, &o), STORE_ACQUIRED);
+    advance(f, 4000); /* 6 s left */
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(set_layout(f->path, 2), 3);
+
+    use_lease_clock(f, 777, "boot-1"); /* a clock far from the wall clock */
+    assert_int_equal(set_layout(f->path, 3), 3); /* raised at open */
+    assert_int_equal(acquire(f->st, "mid-action", 'a', 10000, 600000, &o), STORE_BUSY);
+    advance(f, 5500);
+    assert_int_equal(acquire(f->st, "mid-action", 'a', 10000, 600000, &o), STORE_BUSY);
+    advance(f, 1000);
+    assert_int_equal(acquire(f->st, "mid-action", 'a', 10000, 600000, &o), STORE_ACQUIRED);
+    assert_true(o.stolen);
+}
+
+/* A clock whose epoch cannot be told ("": the boot id unreadable) cannot
+ * tell a lease left before a reboot from a live one: the store is not
+ * opened for writing. */
+static void test_unknown_epoch_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store_options opt;
+    struct store *st = NULL;
+    char err[256] = "";
+
+    store_close(f->st);
+    f->st = NULL;
+    f->clock.epoch = "";
+    f->store_clock.lease_now_ms = fake_lease_now;
+    f->store_clock.lease_epoch = fake_epoch;
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
+    assert_null(st);
+    assert_non_null(strstr(err, "boot_id"));
 }
 
 static void test_same_key_two_scopes_two_records(void **state)
@@ -2953,6 +3127,11 @@ int main(void)
         STORE_TEST(test_in_progress_and_complete_live_apart),
         STORE_TEST(test_in_progress_from_before_the_split),
         STORE_TEST(test_newer_layout_refused),
+        STORE_TEST(test_wall_clock_step_leaves_leases_alone),
+        STORE_TEST(test_leases_end_with_the_boot),
+        STORE_TEST(test_held_record_outlives_the_boot),
+        STORE_TEST(test_wall_clock_leases_upgraded),
+        STORE_TEST(test_unknown_epoch_refused),
         STORE_TEST(test_malformed_layout_refused),
         STORE_TEST(test_same_key_two_scopes_two_records),
         STORE_TEST(test_group_apply_one_txn_in_order),
