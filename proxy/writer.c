@@ -62,6 +62,7 @@ struct writer {
     /* writer-thread only */
     struct writer_job **jobs;
     struct store_op *ops;
+    int *errors; /* per job of the batch under way */
     bool purge_due;     /* purge work is due: an interval tick, STORE_FULL or "more" */
     size_t batch_share; /* purge budget per request batch, adapted to its time budget */
     size_t idle_chunk;  /* records per idle purge transaction, likewise */
@@ -247,14 +248,36 @@ static void apply_batch(struct writer *w, struct writer_job *list)
         if (w->purge_due)
             adapt_chunk(&w->batch_share, mono_us() - start_us, PURGE_BATCH_BUDGET_US);
     }
+    if (rc == STORE_ECORRUPT && n > 1) {
+        /* A record that does not decode fails the whole transaction, and
+         * every request in it with it: a complete would be held as
+         * unstored, a release left undone. Only the op that touched it
+         * should fail, so the batch runs again op by op, in its order (ops
+         * of one key still see each other, a commit apart). Rare: the
+         * proxy reads a key before acquiring it, and refuses a damaged
+         * one. */
+        int failed = 0;
+        for (size_t i = 0; i < n; i++) {
+            w->ops[i] = w->jobs[i]->op;
+            w->errors[i] = store_apply(w->opt.store, &w->ops[i], 1);
+            if (w->errors[i] != 0)
+                failed = w->errors[i];
+        }
+        rc = failed; /* (0: the damaged record is gone, say writes work) */
+    } else {
+        for (size_t i = 0; i < n; i++)
+            w->errors[i] = rc;
+    }
     for (size_t i = 0; i < n; i++) {
         /* The op array is a copy; hand the outcome back, including any
          * replay record the store allocated (now owned by the job). */
         w->jobs[i]->op = w->ops[i];
-        w->jobs[i]->error = rc;
-        if (rc == 0 && w->ops[i].outcome == STORE_FULL)
+        w->jobs[i]->error = w->errors[i];
+        if (w->errors[i] != 0)
+            continue;
+        if (w->ops[i].outcome == STORE_FULL)
             full = true;
-        else if (rc == 0 && w->ops[i].outcome == STORE_ACQUIRED)
+        else if (w->ops[i].outcome == STORE_ACQUIRED)
             room = true;
     }
     /* Said before the jobs go back (the store's cause is this thread's).
@@ -379,7 +402,8 @@ int writer_start(const struct writer_options *opt, struct writer **out)
     w->idle_chunk = 32;
     w->jobs = calloc(w->opt.max_batch, sizeof(*w->jobs));
     w->ops = calloc(w->opt.max_batch, sizeof(*w->ops));
-    if (w->jobs == NULL || w->ops == NULL)
+    w->errors = calloc(w->opt.max_batch, sizeof(*w->errors));
+    if (w->jobs == NULL || w->ops == NULL || w->errors == NULL)
         goto out;
     pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->stats_lock, NULL);
@@ -397,6 +421,7 @@ out:
     if (w != NULL) {
         free(w->jobs);
         free(w->ops);
+        free(w->errors);
         free(w);
     }
     return rc;
@@ -430,6 +455,7 @@ void writer_stop(struct writer *w)
     pthread_mutex_destroy(&w->stats_lock);
     free(w->jobs);
     free(w->ops);
+    free(w->errors);
     free(w);
 }
 

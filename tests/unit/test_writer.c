@@ -3,7 +3,8 @@
  * expired records is purged to the end once purge work is due, in bounded
  * chunks, without waiting a purge_interval per chunk, both on an idle writer
  * and between (and inside) request batches; live records stay; the writer's
- * `purged` count is exact; every job is delivered.
+ * `purged` count is exact; every job is delivered. A record that does not
+ * decode fails only the op that touched it, not the batch it came in.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <lmdb.h>
 
 #include "store.h"
 #include "writer.h"
@@ -50,6 +53,11 @@ struct fixture {
     pthread_cond_t cond;
     size_t delivered;
     size_t acquired;
+    /* With gate_armed, the next delivery waits in deliver() while
+     * gate_closed, so that the jobs submitted meanwhile make one batch. */
+    bool gate_armed;
+    bool gate_closed;
+    bool in_gate;
 };
 
 static int64_t mono_ms(void)
@@ -188,6 +196,14 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
 {
     struct fixture *f = ctx;
     pthread_mutex_lock(&f->lock);
+    if (f->gate_armed) {
+        f->gate_armed = false;
+        f->in_gate = true;
+        pthread_cond_broadcast(&f->cond);
+        while (f->gate_closed) {
+            pthread_cond_wait(&f->cond, &f->lock);
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         f->delivered++;
         if (jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_ACQUIRED) {
@@ -300,12 +316,111 @@ static void test_stop_with_backlog_delivers_queued_jobs(void **state)
     free(jobs);
 }
 
+/* One record whose bytes do not decode (a damaged page, a bad write): the
+ * batch that touches it fails as a whole, but the writer runs it again op
+ * by op, so the other requests of the batch get their own outcomes: a
+ * complete and a release next to it are applied. Before, every job of the
+ * batch got STORE_ECORRUPT: the complete's request was held as unstored
+ * (409 for its whole TTL), the release left undone. */
+static void test_damaged_record_fails_only_its_own_op(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_job gate;
+    struct writer_job jobs[3];
+    struct store_op a[2];
+    uint8_t bad_key[STORE_KEY_BYTES];
+    struct store_options opt;
+    char err[256];
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    struct writer *w;
+
+    /* Two keys in flight, and a damaged record behind the store's back. */
+    prep_acquire(&a[0], "to-complete", 86400000);
+    prep_acquire(&a[1], "to-release", 86400000);
+    assert_int_equal(store_apply(f->st, a, 2), 0);
+    assert_int_equal(a[0].outcome, STORE_ACQUIRED);
+    assert_int_equal(a[1].outcome, STORE_ACQUIRED);
+    store_close(f->st);
+    f->st = NULL;
+    store_key_derive("test", 4, "damaged", 7, bad_key);
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, f->path, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &dbi), 0);
+    {
+        MDB_val k = {STORE_KEY_BYTES, bad_key};
+        MDB_val v = {5, "junk!"};
+        assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    }
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    assert_int_equal(store_open(NULL, &opt, &f->st, err, sizeof(err)), 0);
+
+    /* The three jobs queue while the writer waits in a delivery. */
+    w = start(f);
+    pthread_mutex_lock(&f->lock);
+    f->gate_armed = true;
+    f->gate_closed = true;
+    pthread_mutex_unlock(&f->lock);
+    prep_acquire(&gate.op, "gate", 86400000);
+    writer_submit(w, &gate);
+    pthread_mutex_lock(&f->lock);
+    while (!f->in_gate) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+
+    memset(jobs, 0, sizeof(jobs));
+    jobs[0].op = a[0];
+    jobs[0].op.kind = STORE_OP_COMPLETE;
+    jobs[0].op.status = 201;
+    jobs[0].op.body.ptr = "ok";
+    jobs[0].op.body.len = 2;
+    jobs[1].op = a[1];
+    jobs[1].op.kind = STORE_OP_RELEASE;
+    prep_acquire(&jobs[2].op, "damaged", 86400000);
+    for (size_t i = 0; i < 3; i++) {
+        writer_submit(w, &jobs[i]);
+    }
+    pthread_mutex_lock(&f->lock);
+    f->gate_closed = false;
+    pthread_cond_broadcast(&f->cond);
+    while (f->delivered < 4) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    writer_stop(w);
+
+    assert_int_equal(jobs[0].error, 0);
+    assert_int_equal(jobs[0].op.outcome, STORE_DONE);
+    assert_int_equal(jobs[1].error, 0);
+    assert_int_equal(jobs[1].op.outcome, STORE_DONE);
+    assert_int_equal(jobs[2].error, STORE_ECORRUPT);
+    {
+        struct store_record rec;
+        assert_int_equal(store_get(f->st, a[0].key, &rec), 0);
+        assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+        store_record_clear(&rec);
+        assert_int_equal(store_get(f->st, a[1].key, &rec), 0);
+        assert_int_equal(rec.state, STORE_STATE_ABSENT);
+        store_record_clear(&rec);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_idle_backlog_drains_without_waiting_interval, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backlog_drains_between_request_batches, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_record_fails_only_its_own_op, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_backlog_delivers_queued_jobs, setup,
                                         teardown),
