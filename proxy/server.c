@@ -190,7 +190,7 @@ struct request {
     struct writer_job hb_job;
     bool hb_pending;
     int64_t next_hb_ms;
-    bool lease_lost;
+    bool lease_lost; /* a heartbeat was fenced (the key was stolen): no more of them */
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
 
     int64_t wait_deadline_ms;
@@ -2662,7 +2662,7 @@ static void tick(struct worker *w, int64_t now)
                                                                     : r->poll_step_ms * 2;
                 lookup(r);
             }
-        } else if (r->state == RS_UPSTREAM && r->keyed && !r->hb_pending &&
+        } else if (r->state == RS_UPSTREAM && r->keyed && !r->hb_pending && !r->lease_lost &&
                    now >= r->next_hb_ms) {
             /* The heartbeat: keep the lease alive while the action runs. */
             struct writer_job *j = &r->hb_job;
