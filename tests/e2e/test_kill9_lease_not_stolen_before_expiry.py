@@ -4,6 +4,8 @@ its lease expires nobody may steal the key (a duplicate gets 409); once the
 lease has expired the next request steals it, executes once more and
 completes (seed 000, "Steal")."""
 
+import json
+import subprocess
 import time
 import unittest
 
@@ -32,6 +34,19 @@ class Kill9LeaseSteal(harness.ProxyTestCase):
         self.assertProblem(early, 409)
         self.assertRetryAfter(early, minimum=1, maximum=2)
         self.assertEqual(self.upstream.count("k9"), 1, "the key was stolen from a live lease")
+
+        # check-store shows the dead holder's lease as a wall-clock time
+        # (leases are kept on the boot clock): live, ending within the 2 s
+        # lease of the last heartbeat.
+        before_ms = time.time() * 1000
+        p = subprocess.run([harness.binary(), "check-store", self.store_path, "--records"],
+                           capture_output=True, timeout=10)
+        self.assertEqual(p.returncode, 0, p)
+        held = [d for d in map(json.loads, p.stdout.decode().splitlines())
+                if d.get("state") == "in_progress"]
+        self.assertEqual(len(held), 1, p.stdout)
+        self.assertGreater(held[0]["lease_expires_ms"], before_ms, held[0])
+        self.assertLess(held[0]["lease_expires_ms"], before_ms + 2100, held[0])
 
         # Past the lease (2 s after the last possible heartbeat, plus slack).
         time.sleep(max(0.0, killed_at + 2.6 - time.monotonic()))

@@ -1107,6 +1107,38 @@ static enum idem_lookup_action lookup(enum store_state st, bool same_fp, enum wh
     return lookup_lease(st, same_fp, lease, ttl, false);
 }
 
+/* Leases are on the lease clock, TTLs on the wall clock (store_clock): each
+ * time is compared with its own clock's now. Here the two clocks are far
+ * apart, as the boot clock and the wall clock are. */
+static void test_decide_lookup_two_clocks(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+    const int64_t lease_now = 5000000; /* 83 minutes since boot */
+
+    (void)state;
+    memset(&rec, 0, sizeof(rec));
+    memset(&fp, 0, sizeof(fp));
+    memset(fp.raw, 0x33, sizeof(fp.raw));
+    memset(fp.canonical, 0x11, sizeof(fp.canonical));
+    fp.canonical_ready = true;
+    memset(rec.fingerprint, 0x11, sizeof(rec.fingerprint));
+    memset(rec.lease_id, 0x55, sizeof(rec.lease_id));
+    rec.state = STORE_STATE_IN_PROGRESS;
+    rec.expires_ms = now_ms + 60000;
+    rec.lease_expires_ms = lease_now + 1000; /* live on its clock, long past as wall time */
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, lease_now), IDEM_LOOKUP_BUSY);
+    rec.lease_expires_ms = lease_now - 1;
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, lease_now), IDEM_LOOKUP_ACQUIRE);
+    /* A COMPLETE record's TTL is a wall-clock time. */
+    rec.state = STORE_STATE_COMPLETE;
+    rec.status = 201;
+    rec.lease_expires_ms = 0;
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, lease_now), IDEM_LOOKUP_REPLAY);
+    rec.expires_ms = now_ms;
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, lease_now), IDEM_LOOKUP_ACQUIRE);
+}
+
 static void test_decide_lookup_table(void **state)
 {
     (void)state;
@@ -1573,6 +1605,7 @@ int main(void)
         cmocka_unit_test(test_headers_decode_rejects_malformed),
         cmocka_unit_test(test_headers_find_count),
         cmocka_unit_test(test_decide_lookup_table),
+        cmocka_unit_test(test_decide_lookup_two_clocks),
         cmocka_unit_test(test_decide_lookup_named_cases),
         cmocka_unit_test(test_decide_lookup_held),
         cmocka_unit_test(test_decide_record_default_release_on),
