@@ -95,6 +95,7 @@ struct check_ctx {
     bool print_records;
     int64_t now_ms;
     int64_t lease_now_ms; /* leases are on the lease clock (store_clock) */
+    enum store_lease_clock lease_clock; /* the clock the stored leases are on */
     uint64_t absent, in_progress, held, complete, stealable, expired_complete, duplicate_keys, bad;
     uint64_t seen;
     uint8_t prev_key[STORE_KEY_BYTES];
@@ -103,13 +104,24 @@ struct check_ctx {
 };
 
 /* A lease's end as a wall-clock time, as expires_ms is shown (saturating:
- * the value comes from the store). */
-static int64_t lease_as_wall(const struct check_ctx *c, int64_t lease_ms)
+ * the value comes from the store), and as the next proxy to open the store
+ * will take it: a lease from a boot before this one has ended with its
+ * holder, unless the record is held, which stays held until its TTL
+ * (leases_settle() in store_lmdb.c). A layout-2 store's leases are
+ * wall-clock times already. */
+static int64_t lease_end_wall(const struct check_ctx *c, const struct store_record *rec)
 {
     int64_t d;
-    if (__builtin_sub_overflow(lease_ms, c->lease_now_ms, &d) ||
+
+    if (c->lease_clock == STORE_LEASES_WALL)
+        return rec->lease_expires_ms;
+    if (c->lease_clock == STORE_LEASES_OTHER_BOOT)
+        return store_lease_is_held(rec->lease_id) && rec->expires_ms > c->now_ms
+                   ? rec->expires_ms
+                   : c->now_ms;
+    if (__builtin_sub_overflow(rec->lease_expires_ms, c->lease_now_ms, &d) ||
         __builtin_add_overflow(c->now_ms, d, &d))
-        return lease_ms > c->lease_now_ms ? INT64_MAX : INT64_MIN;
+        return rec->lease_expires_ms > c->lease_now_ms ? INT64_MAX : INT64_MIN;
     return d;
 }
 
@@ -118,6 +130,7 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
 {
     struct check_ctx *c = arg;
     const char *state = "absent";
+    int64_t lease_end = lease_end_wall(c, rec);
 
     /* The scan is in key order: the same key twice is one record in two
      * tables (the store keeps each key in exactly one). */
@@ -130,7 +143,7 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
     case STORE_STATE_IN_PROGRESS:
         state = "in_progress";
         c->in_progress++;
-        if (rec->lease_expires_ms <= c->lease_now_ms)
+        if (lease_end <= c->now_ms)
             c->stealable++;
         else if (store_lease_is_held(rec->lease_id))
             c->held++; /* ran, result not stored: taken until its TTL */
@@ -157,11 +170,11 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%lld,"
                "\"expires_ms\":%lld,\"status\":%d,\"body_bytes\":%zu}\n",
                state,
-               rec->state == STORE_STATE_IN_PROGRESS && rec->lease_expires_ms > c->lease_now_ms &&
+               rec->state == STORE_STATE_IN_PROGRESS && lease_end > c->now_ms &&
                        store_lease_is_held(rec->lease_id)
                    ? "true"
                    : "false", /* as in the summary: a hold that ended is stealable */
-               (long long)lease_as_wall(c, rec->lease_expires_ms),
+               (long long)lease_end,
                (long long)rec->expires_ms,
                rec->state == STORE_STATE_COMPLETE ? rec->status : 0, rec->body_len);
     }
@@ -227,6 +240,8 @@ static int check_store(const char *path, bool print_records)
     store_reader_check(st, &cleared);
     c.now_ms = store_clock_realtime.now_ms(store_clock_realtime.ctx);
     c.lease_now_ms = store_clock_lease_now(&store_clock_realtime);
+    store_stats(st, &stats);
+    c.lease_clock = stats.lease_clock;
     src = store_scan_all(st, check_record, check_corrupt, &c);
     store_stats(st, &stats);
     printf("{\"ok\":%s,\"scan\":\"%s\",\"records\":%llu,\"in_progress\":%llu,"
@@ -243,9 +258,12 @@ static int check_store(const char *path, bool print_records)
            (unsigned long long)c.duplicate_keys, (unsigned long long)c.corrupt);
     for (uint64_t i = 0; i < c.corrupt && i < CHECK_CORRUPT_SHOWN; i++)
         printf("%s%s", i > 0 ? "," : "", c.corrupt_first[i]);
-    printf("],\"bad\":%llu,"
+    printf("],\"bad\":%llu,\"leases_from\":\"%s\","
            "\"stale_readers_cleared\":%llu,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
            (unsigned long long)c.bad,
+           c.lease_clock == STORE_LEASES_THIS_BOOT    ? "this_boot"
+           : c.lease_clock == STORE_LEASES_OTHER_BOOT ? "previous_boot"
+                                                      : "wall_clock",
            (unsigned long long)stats.stale_readers_cleared_at_open +
                (unsigned long long)(cleared > 0 ? cleared : 0),
            (unsigned long long)stats.map_used_bytes, (unsigned long long)stats.map_size_bytes);

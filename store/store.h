@@ -219,6 +219,15 @@ struct store_stats {
     /* Reader slots of dead processes cleared when this handle opened the
      * store (store_reader_check() reports later ones). */
     uint64_t stale_readers_cleared_at_open;
+    /* Which clock the stored leases were on when this handle opened the
+     * store. A writable open puts them on this process's (settling them);
+     * a read-only one (check-store) leaves them as found. */
+    enum store_lease_clock {
+        STORE_LEASES_THIS_BOOT = 0, /* this process's lease clock */
+        STORE_LEASES_OTHER_BOOT,    /* a boot before this one: every lease but a
+                                     * held record's has ended */
+        STORE_LEASES_WALL,          /* layout 2: wall-clock times */
+    } lease_clock;
 };
 
 /* Called by store_scan() for every record; return non-zero to stop. */

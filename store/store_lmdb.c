@@ -159,6 +159,7 @@ struct lmdb_store {
 
     bool read_only;           /* opened with store_options.read_only */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
+    enum store_lease_clock lease_clock; /* as found at open (store_stats) */
 
     /* Random bytes for lease ids (new_lease_id). Only touched inside a
      * write transaction, and LMDB admits one at a time per environment,
@@ -1774,6 +1775,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     out->stale_readers_cleared_at_open = s->readers_cleared;
+    out->lease_clock = s->lease_clock;
 out:
     return rc;
 }
@@ -2168,6 +2170,9 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
         snprintf(err, errlen, "store: cannot open databases: %s", mdb_strerror(lrc));
         return map_err(lrc);
     }
+    s->lease_clock = current ? STORE_LEASES_THIS_BOOT
+                     : layout < 3 ? STORE_LEASES_WALL
+                                  : STORE_LEASES_OTHER_BOOT;
     if (layout > STORE_LAYOUT) {
         snprintf(err, errlen,
                  "store: written by a newer idemproxy (store layout %u, this one knows up to "
