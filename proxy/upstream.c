@@ -230,6 +230,12 @@ static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const 
     struct idem_headers *h = &p->resp.headers;
     struct idem_field_line f;
 
+    /* NUL is in no field (RFC 9110 section 5.5): a name holding one would
+     * read as a shorter name to the C-string code after us
+     * ("Transfer-Encoding\0x" as Transfer-Encoding), so the framing this
+     * parser chose and what the rest of the proxy sees could differ. */
+    if (memchr(l, '\0', n) != NULL)
+        return UPSTREAM_PARSE_BROKEN;
     switch (idem_field_line_split(l, n, &f)) {
     case IDEM_FIELD_FOLD:
         if (h->n == 0)
@@ -263,7 +269,6 @@ static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const 
 /* The empty line that ends a header section (RFC 9112 section 6.3). */
 static enum upstream_parse_rc end_of_head(struct upstream_parser *p)
 {
-    bool te = idem_headers_find(&p->resp.headers, "Transfer-Encoding") != NULL;
     int st = p->resp.status;
 
     if (st < 200) {
@@ -276,11 +281,9 @@ static enum upstream_parse_rc end_of_head(struct upstream_parser *p)
         p->state = PS_DONE;
         return UPSTREAM_PARSE_DONE;
     }
+    /* check_framing() refused any Transfer-Encoding but "chunked" alone. */
     if (p->chunked) {
         p->state = PS_CHUNK_SIZE;
-    } else if (te) {
-        /* A coding other than chunked last: read until close. */
-        p->state = PS_BODY_CLOSE;
     } else if (p->has_length) {
         enum upstream_parse_rc rc;
         if (p->length > p->max_body_bytes)

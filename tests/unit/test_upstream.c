@@ -402,6 +402,26 @@ static void field_line_without_name_is_broken(void **state)
     }
 }
 
+/* A NUL in a field line (found by fuzz_upstream): "Transfer-Encoding\0x"
+ * was not Transfer-Encoding to the framing check but was to the C-string
+ * lookup at the end of the head, so a Content-Length answer was read until
+ * close and stored with the next bytes as its body. */
+static void nul_in_field_line_is_broken(void **state)
+{
+    struct upstream_parser p;
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n"
+                               "Transfer-Encoding\0x: chunked\r\n\r\nabcdef";
+    static const char value[] = "HTTP/1.1 200 OK\r\nX-A: a\0b\r\n"
+                                "Content-Length: 2\r\n\r\nok";
+    (void)state;
+    upstream_parser_init(&p, false, HDR_MAX, BODY_MAX);
+    assert_int_equal(feed(&p, head, sizeof(head) - 1, 0, 0, true, NULL), UPSTREAM_PARSE_BROKEN);
+    upstream_parser_clear(&p);
+    upstream_parser_init(&p, false, HDR_MAX, BODY_MAX);
+    assert_int_equal(feed(&p, value, sizeof(value) - 1, 0, 0, true, NULL), UPSTREAM_PARSE_BROKEN);
+    upstream_parser_clear(&p);
+}
+
 /* ---- caps ------------------------------------------------------------- */
 
 static void header_block_too_large(void **state)
@@ -564,6 +584,7 @@ int main(void)
         cmocka_unit_test(interim_answers_skipped),
         cmocka_unit_test(odd_fields_repaired),
         cmocka_unit_test(field_line_without_name_is_broken),
+        cmocka_unit_test(nul_in_field_line_is_broken),
         cmocka_unit_test(header_block_too_large),
         cmocka_unit_test(header_block_at_cap_accepted),
         cmocka_unit_test(body_over_cap_too_large),
