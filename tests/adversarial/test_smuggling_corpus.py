@@ -181,6 +181,29 @@ def corpus():
     add("nul-in-te", "reject", lambda k, t: req(k, [
         "Transfer-Encoding: chunked\x00", "Content-Length: %d" % len(b"0\r\n\r\n" + smuggled(t))],
         b"0\r\n\r\n" + smuggled(t)))
+    # A NUL followed by nothing but white space up to the line end: the
+    # value as libmicrohttpd reports it ("chunked") shows nothing; found by
+    # test_request_fuzz.py. On the last line and on one before it.
+    add("nul-ends-te-last-line", "reject", lambda k, t: req(k, [
+        "Transfer-Encoding: chunked\x00"], b"0\r\n\r\n" + smuggled(t)))
+    add("nul-space-ends-te", "reject", lambda k, t: req(k, [
+        "Transfer-Encoding: chunked\x00 ", "X-After: 1"], b"0\r\n\r\n" + smuggled(t)))
+    add("nul-ends-value", "reject", lambda k, t: req(k, ["X-Nul: a\x00", "Content-Length: 2"],
+                                                      b"{}"))
+    # libmicrohttpd 0.9.75 ends the header block at a line that starts with
+    # a colon: the fields after it were dropped and parsed as the next
+    # request, or the empty line after it became the start of the body
+    # (found by test_request_fuzz.py). README: refused.
+    add("empty-name-ends-block", "reject", lambda k, t: req(k, [
+        ": x", "Content-Length: %d" % len(b"{}" + smuggled(t))], b"{}" + smuggled(t)))
+    add("empty-name-before-empty-line", "reject", lambda k, t: req(k, [
+        "Content-Length: 2", ": x"], b"{}"))
+    add("empty-name-hides-request", "reject", lambda k, t: req(k, [
+        ": x", smuggled(t).decode().rstrip("\r\n")]))
+    # README: an obs-fold continuation is refused in any field (libmicrohttpd
+    # glues it onto the name: "X-Fold: a", " b" became "X-Foldb: a").
+    add("obs-fold-other-field", "reject", lambda k, t: req(k, [
+        "X-Fold: a\r\n b", "Content-Length: 2"], b"{}"))
     add("nul-in-target", "reject", lambda k, t: req(k, ["Content-Length: 2"], b"{}",
                                                      line="POST %s\x00/x HTTP/1.1" % PATH),
         mhd=True)
