@@ -3,7 +3,7 @@
  *
  *   idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]
  *   idemproxy --upstream URL             every default
- *   idemproxy check-config FILE          validate, print the effective config
+ *   idemproxy check-config FILE [overrides]  validate, print the effective config
  *   idemproxy check-store PATH           check a store's records (JSON summary)
  *   idemproxy --help | --version
  *
@@ -29,7 +29,7 @@
 static const char usage[] =
     "usage: idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
     "       idemproxy --upstream URL [--listen HOST:PORT] [--store PATH]\n"
-    "       idemproxy check-config FILE\n"
+    "       idemproxy check-config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
     "       idemproxy check-store PATH [--records]\n"
     "       idemproxy --help | --version\n"
     "\n"
@@ -41,11 +41,17 @@ static const char usage[] =
     "  --listen ADDR      listen address, overrides \"listen\" (default 127.0.0.1:8080)\n"
     "  --upstream URL     upstream base URL, overrides \"upstream\"\n"
     "  --store PATH       LMDB store directory, overrides \"store.path\"\n"
-    "  check-config FILE  validate FILE and print the effective configuration\n"
+    "  check-config FILE  validate FILE (with the overrides given) and print the\n"
+    "                     effective configuration; exit 1 if the proxy could not run\n"
+    "                     with it (no upstream, say)\n"
     "  check-store PATH   decode every record of a store and check its invariants\n"
     "                     (JSON summary; --records adds one line per record)\n";
 
-static int check_config(const char *path)
+/* The configuration the proxy would run with: FILE, then the command
+ * line's overrides. Exit 1 when it could not run, the missing upstream
+ * included, so a script can gate a deploy on it. */
+static int check_config(const char *path, const char *listen, const char *upstream,
+                        const char *store_path)
 {
     char err[512];
     struct config *cfg = NULL;
@@ -56,9 +62,13 @@ static int check_config(const char *path)
         fprintf(stderr, "idemproxy: %s\n", err);
         goto out;
     }
-    /* A file without "upstream" is still a valid file: it can come from
-     * --upstream. Say so rather than fail. */
-    if (config_validate(cfg, err, sizeof(err)) != 0 && cfg->upstream.url != NULL) {
+    if (cfg->upstream.url == NULL && upstream == NULL) {
+        fprintf(stderr, "idemproxy: upstream: is required: set \"upstream\" in %s, or check "
+                        "it with the --upstream URL the proxy will run with\n", path);
+        goto out;
+    }
+    /* Validates the whole configuration, as the proxy does at start. */
+    if (config_override(cfg, listen, upstream, store_path, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemproxy: %s\n", err);
         goto out;
     }
@@ -68,8 +78,6 @@ static int check_config(const char *path)
         goto out;
     }
     printf("%s\n", dump);
-    if (cfg->upstream.url == NULL)
-        fprintf(stderr, "idemproxy: note: no upstream set; give one with --upstream\n");
     rc = 0;
 out:
     free(dump);
@@ -411,14 +419,15 @@ int main(int argc, char **argv)
         }
         return check_store(argv[2], records);
     }
-    if (argc >= 2 && strcmp(argv[1], "check-config") == 0) {
-        if (argc != 3) {
+    bool checking = argc >= 2 && strcmp(argv[1], "check-config") == 0;
+    if (checking) {
+        if (argc < 3 || argv[2][0] == '-') {
             fputs(usage, stderr);
             return 2;
         }
-        return check_config(argv[2]);
+        config_path = argv[2];
     }
-    for (int i = 1; i < argc; i++) {
+    for (int i = checking ? 3 : 1; i < argc; i++) {
         const char *a = argv[i];
         const char **slot = NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -429,7 +438,7 @@ int main(int argc, char **argv)
             printf("idemproxy %s\n", IDEM_VERSION);
             return 0;
         }
-        if (strcmp(a, "--config") == 0)
+        if (strcmp(a, "--config") == 0 && !checking)
             slot = &config_path;
         else if (strcmp(a, "--listen") == 0)
             slot = &listen;
@@ -451,6 +460,8 @@ int main(int argc, char **argv)
         }
         *slot = argv[++i];
     }
+    if (checking)
+        return check_config(config_path, listen, upstream, store_path);
     if (config_path == NULL && upstream == NULL) {
         fprintf(stderr, "idemproxy: give --config FILE or --upstream URL\n%s", usage);
         return 2;

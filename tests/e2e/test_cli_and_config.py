@@ -75,6 +75,32 @@ class CliAndConfig(harness.ProxyTestCase):
         self.check_invalid({"upstream": 42}, "upstream")
         self.check_invalid("{ not json", "")
 
+    def test_check_config_without_upstream_exits_1_unless_given(self):
+        # The proxy cannot run without an upstream: check-config must not
+        # say the file is fine when `idemproxy --config FILE` would stop.
+        path = self.write("noup.json", {"routes": [{"path": "/v1/payments"}]})
+        p = self.run_bin("check-config", path)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn(b"upstream", p.stderr)
+        self.assertEqual(p.stdout, b"")
+        run = self.run_bin("--config", path)
+        self.assertEqual(run.returncode, 1)
+        # With the overrides the proxy would get, the effective
+        # configuration is checked and printed.
+        p = self.run_bin("check-config", path, "--upstream", "http://127.0.0.1:9",
+                         "--listen", "127.0.0.1:9001", "--store", os.path.join(self.workdir, "s"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        eff = json.loads(p.stdout)
+        self.assertEqual(eff["upstream"]["url"], "http://127.0.0.1:9")
+        self.assertEqual(eff["listen"], "127.0.0.1:9001")
+        self.assertEqual(eff["store"]["path"], os.path.join(self.workdir, "s"))
+        # An override is checked like the file's own value.
+        p = self.run_bin("check-config", path, "--upstream", "ftp://x")
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"--upstream", p.stderr)
+        p = self.run_bin("check-config", path, "--config", path)
+        self.assertEqual(p.returncode, 2)
+
     def test_check_config_missing_file_exits_1(self):
         p = self.run_bin("check-config", os.path.join(self.workdir, "nope.json"))
         self.assertEqual(p.returncode, 1)
