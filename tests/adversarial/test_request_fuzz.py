@@ -25,7 +25,9 @@ What is checked, per request in order:
     nor any request after it is executed;
   * a request after `Connection: close` or an HTTP/1.0 request is never
     executed;
-and over the whole run:
+and over the whole run, which adds connections whose bytes got 1-4 random
+edits on top (their hidden requests renamed first, since an edited length
+may rightly run them):
   * no hidden ("smuggled") request is ever executed;
   * every request the upstream received has exactly one Content-Length equal
     to its body (or none, for a bodiless GET) and no Transfer-Encoding, and
@@ -360,6 +362,31 @@ def gen_case(rng, case_no, salt):
     return reqs, data, cuts
 
 
+def havoc(rng, data):
+    """1-4 random byte edits, most in the head of the first request. What
+    the bytes mean is unknown afterwards, so hidden requests are renamed
+    first: a changed Content-Length may rightly run them."""
+    data = bytearray(data.replace(b"smuggled-", b"havocked-"))
+    for _ in range(rng.randrange(1, 5)):
+        if not data:
+            break
+        head = data.find(b"\r\n\r\n")
+        hi = head + 4 if head > 0 and rng.random() < 0.7 else len(data)
+        at = rng.randrange(max(1, hi))
+        op = rng.randrange(4)
+        if op == 0:
+            data[at] = rng.randrange(256)
+        elif op == 1:
+            data[at:at] = rng.choice([b"\r", b"\n", b"\x00", b" ", b":", b"\t", b"\r\n",
+                                      b"\r\n ", b"\r\n\r\n", b",", b";", b"0"])
+        elif op == 2:
+            del data[at:at + rng.randrange(1, 4)]
+        else:
+            n = rng.randrange(1, 16)
+            data[at:at] = data[at:at + n]
+    return bytes(data)
+
+
 # --- running a case ----------------------------------------------------------
 
 def run_case(port, reqs, data, cuts, pauses):
@@ -408,11 +435,19 @@ class RequestFuzz(adv.AdversarialCase):
         started = time.monotonic()
         cases = []
         for i in range(n_cases):
-            reqs, data, cuts = gen_case(rng, i, "s%d" % seed)
+            # A quarter of the connections get random byte edits on top
+            # ("havoc"): only the run-wide checks apply to them. Their
+            # keys and paths carry "h" instead of "s", so an edit cannot
+            # turn one into another case's.
+            mutate = rng.random() < 0.25
+            reqs, data, cuts = gen_case(rng, i, ("h%d" if mutate else "s%d") % seed)
+            if mutate:
+                data = havoc(rng, data)
+                cuts = [c for c in cuts if c < len(data)]
             pauses = [rng.choice([0, 0, 0.0005, 0.002]) for _ in cuts]
-            cases.append((reqs, data, cuts, pauses))
+            cases.append((reqs, data, cuts, pauses, mutate))
 
-        results = adv.parallel(lambda c: run_case(proxy.port, *c), cases, workers=8)
+        results = adv.parallel(lambda c: run_case(proxy.port, *c[:4]), cases, workers=8)
         entries = self.upstream.entries()
         by_key, by_path = {}, {}
         for e in entries:
@@ -426,12 +461,15 @@ class RequestFuzz(adv.AdversarialCase):
             return by_path.get(r.target, [])
 
         failures = []
-        counts = {"forwarded": 0, "rejected": 0, "not reached": 0}
-        for n, ((reqs, data, cuts, _), res) in enumerate(zip(cases, results)):
+        counts = {"forwarded": 0, "rejected": 0, "not reached": 0, "havoc": 0}
+        for n, ((reqs, data, cuts, _, mutate), res) in enumerate(zip(cases, results)):
             if isinstance(res, Exception):
                 failures.append("case %d: %r" % (n, res))
                 continue
             responses, closed = res
+            if mutate:
+                counts["havoc"] += 1
+                continue
             stopped = None  # why later requests must not run
             where = "case %d (seed %d, %d bytes, cuts %s):\n    %s" % (
                 n, seed, len(data), cuts, "\n    ".join(r.label() for r in reqs))
@@ -500,12 +538,13 @@ class RequestFuzz(adv.AdversarialCase):
         if refused["count"]:
             failures.append("the upstream refused forwarded requests: %r" % refused)
         self.assertTrue(proxy.running(), "the proxy died (seed %d)" % seed)
-        n_reqs = sum(len(c[0]) for c in cases)
+        n_reqs = sum(len(c[0]) for c in cases if not c[4])
         self.summary("request-fuzz",
-                     "seed %d: %d connections, %d requests: %d forwarded, %d refused, %d not "
-                     "reached; %d executions, smuggled executed %d, bad framing upstream %d, "
-                     "refused by upstream %d; %d failures; %.1fs",
-                     seed, len(cases), n_reqs, counts["forwarded"], counts["rejected"],
+                     "seed %d: %d connections (%d with random byte edits), %d requests: %d "
+                     "forwarded, %d refused, %d not reached; %d executions, smuggled executed "
+                     "%d, bad framing upstream %d, refused by upstream %d; %d failures; %.1fs",
+                     seed, len(cases), counts["havoc"], n_reqs, counts["forwarded"],
+                     counts["rejected"],
                      counts["not reached"], len(entries), len(smuggled_seen), len(bad_framing),
                      refused["count"], len(failures), time.monotonic() - started)
         self.assertEqual(failures, [], "\n".join(failures[:30]))
