@@ -20,7 +20,8 @@ class is the strictest of its pieces.
 
 What is checked, per request in order:
   * an "accept" request after accepted ones is answered 201 by the upstream
-    and executed exactly once, with the SHA-256 of the body the client framed;
+    and executed exactly once, with the method, the target and the SHA-256 of
+    the body the client framed;
   * a rejected request is answered 4xx, the connection closes, and neither it
     nor any request after it is executed;
   * a request after `Connection: close` or an HTTP/1.0 request is never
@@ -502,9 +503,9 @@ class RequestFuzz(adv.AdversarialCase):
                         failures.append("request %d forwarded with another body (%d bytes, the "
                                         "client framed %d): %s" % (i, ex[0]["body_len"],
                                                                     len(r.body), where))
-                    elif ex[0]["method"] != r.method:
-                        failures.append("request %d forwarded as %s: %s" % (
-                            i, ex[0]["method"], where))
+                    elif ex[0]["method"] != r.method or ex[0]["path"] != r.target:
+                        failures.append("request %d forwarded as %s %s: %s" % (
+                            i, ex[0]["method"], ex[0]["path"], where))
                     if r.closes:
                         stopped = "Connection: close / HTTP/1.0"
                 elif resp.status in (400, 413, 431, 505):
