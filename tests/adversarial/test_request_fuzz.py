@@ -341,6 +341,20 @@ def gen_request(rng, ident):
         others.append(["Content-Type", rng.choice(["application/json", "text/plain",
                                                     "application/octet-stream"])])
     extra = decorate(rng, r, others)
+    if rng.random() < 0.1:
+        # The request line: RFC 9112 section 3 wants single spaces; a
+        # recipient may take other white space as separators, or refuse.
+        sep = rng.choice([b"  ", b"\t", b" \t"])
+        i = rng.randrange(2)
+        parts = [r.method.encode(), r.target.encode(), version.encode()]
+        seps = [b" ", b" "]
+        seps[i] = sep
+        r.request_line = parts[0] + seps[0] + parts[1] + seps[1] + parts[2]
+        r.add("either", "request-line-white-space")
+    elif rng.random() < 0.05:
+        bad = rng.choice(["http/1.1", "HTTP/1.10", "HTTP/2.0", "HTTP/1.1 ", "HTTP/11"])
+        r.request_line = ("%s %s %s" % (r.method, r.target, bad)).encode()
+        r.add("either", "version-" + bad.strip())
     if version == "HTTP/1.0":
         r.closes = True
         r.pieces.append("http10")
