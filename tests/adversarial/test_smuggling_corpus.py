@@ -259,13 +259,21 @@ def corpus():
     add("chunk-1000-tiny", "accept",
         chunked(lambda t: b"".join(chunk(b"x") for _ in range(1000)) + b"0\r\n\r\n"),
         body=b"x" * 1000)
-    add("chunk-trailer", "accept",
-        chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n\r\n"), body=b"hello")
-    add("chunk-trailer-content-length", "either",
-        chunked(lambda t: chunk(b"hello") + b"0\r\nContent-Length: 999\r\n\r\n"), body=b"hello")
-    add("chunk-trailer-te", "either",
-        chunked(lambda t: chunk(b"hello") + b"0\r\nTransfer-Encoding: chunked\r\n\r\n"),
-        body=b"hello")
+    # README: trailer fields are refused. libmicrohttpd 0.9.75 ends the
+    # trailer section at a line starting with ':' after a field, and parses
+    # the rest as the next request: a front end may have read it as more
+    # trailer fields ("GET /x:y HTTP/1.1" is a name and a value to a lenient
+    # parser). Found by test_request_fuzz.py's neighbourhood.
+    add("chunk-trailer", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n\r\n"))
+    add("chunk-trailer-content-length", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\nContent-Length: 999\r\n\r\n"))
+    add("chunk-trailer-te", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\nTransfer-Encoding: chunked\r\n\r\n"))
+    add("chunk-trailer-colon-line-hides-request", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n: x\r\n" + smuggled(t)))
+    add("chunk-trailer-colon-only-hides-request", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n:\r\n" + smuggled(t)))
 
     # Pipelining: a second request on the same connection is a request of its
     # own (executed once, with its own Content-Length), never a smuggled one.
