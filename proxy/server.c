@@ -66,7 +66,6 @@
 #define ACCESS_LOG_BUFFER_BYTES (256 * 1024)
 #define ACCESS_LOG_STOP_FLUSH_MS 2000
 #define MAX_EVENTS 128
-#define EASY_POOL_MAX 256
 /* Idle keep-alive connections the native client keeps per worker. */
 #define UPSTREAM_IDLE_MAX 64
 /* A rejected upload the proxy stops reading is answered and then read and
@@ -154,6 +153,9 @@ struct request {
     struct MHD_Connection *conn;
     struct conn_slot *slot; /* NULL once the connection is closed */
     size_t head_bytes; /* header lines as received (collect_header) */
+    const char *last_field; /* the last field's name in libmicrohttpd's
+                             * buffer (see count_trailer) */
+    unsigned trailers;      /* trailer fields after a chunked body */
     const char *line_end; /* where the request line or the last field value
                            * seen ends in libmicrohttpd's read buffer; NULL:
                            * lines not checked (collect_header) */
@@ -275,9 +277,6 @@ struct worker {
     char *logbuf;
     size_t loglen;
 
-    CURL *easy_pool[EASY_POOL_MAX]; /* reset handles, reused: curl_easy_init
-                                       allocates and clears a large struct */
-    size_t n_easy_pool;
 };
 
 /* Client connections per address, for server.per_ip_connections across all
@@ -1079,22 +1078,26 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
 
 static int curl_close_cb(void *clientp, curl_socket_t s);
 
+/* A new easy handle for every transfer: libcurl 7.88 (Debian 12) keeps a
+ * pointer to the previous transfer's last response header in the handle
+ * (for unfolding an obs-fold continuation) after freeing that header, and
+ * curl_easy_reset() does not clear it. A reused handle whose next response
+ * starts its first field line with white space then reads freed memory
+ * (curl issue #11620; found by tests/adversarial/test_response_fuzz.py): an
+ * upstream's malformed answer could crash the proxy. A fresh handle has no
+ * such pointer, and libcurl refuses that answer (502). The connection cache
+ * lives in the multi handle, so connections are still reused. */
 static CURL *easy_get(struct worker *w)
 {
-    if (w->n_easy_pool > 0)
-        return w->easy_pool[--w->n_easy_pool];
+    (void)w;
     return curl_easy_init();
 }
 
-/* Gives a finished transfer's handle back (removed from the multi handle). */
+/* Frees a finished transfer's handle (removed from the multi handle). */
 static void easy_put(struct worker *w, CURL *e)
 {
-    if (w->n_easy_pool < EASY_POOL_MAX) {
-        curl_easy_reset(e);
-        w->easy_pool[w->n_easy_pool++] = e;
-    } else {
-        curl_easy_cleanup(e);
-    }
+    (void)w;
+    curl_easy_cleanup(e);
 }
 
 /* RFC 9110 section 9.2.2: a retry of these cannot change the outcome. */
@@ -1873,6 +1876,7 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
         if (next != '\0' && next != '\n' && next != '\r' && next != ' ' && next != '\t')
             r->reject_status = 400;
     }
+    r->last_field = key;
     /* Each line must start right after the CRLF that ended the line before
      * (see on_headers). */
     if (r->line_end != NULL) {
@@ -2306,6 +2310,24 @@ static enum MHD_Result queue_answer(struct request *r)
     return ret;
 }
 
+/* Counts the request's trailer fields. libmicrohttpd 0.9.75 adds the last
+ * field of the header block once more, as a trailer, when the empty line
+ * that ends the trailer section arrives split between its CR and its LF:
+ * the same name pointer, which is not a trailer (found by
+ * tests/adversarial/test_request_fuzz.py). */
+static enum MHD_Result count_trailer(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     size_t key_size, const char *value, size_t value_size)
+{
+    struct request *r = cls;
+    (void)kind;
+    (void)key_size;
+    (void)value;
+    (void)value_size;
+    if (key != r->last_field)
+        r->trailers++;
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -2343,7 +2365,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
          * where the section really ended, so no trailer is trusted; they
          * were never forwarded anyway (the body is sent with a
          * Content-Length), and clients rarely send them. */
-        if (MHD_get_connection_values_n(conn, MHD_FOOTER_KIND, NULL, NULL) > 0) {
+        MHD_get_connection_values_n(conn, MHD_FOOTER_KIND, count_trailer, r);
+        if (r->trailers > 0) {
             respond_problem(r, 400, "bad-request", "Bad request",
                             "trailer fields after a chunked request body are not accepted",
                             "rejected", 0, true);
@@ -3231,8 +3254,6 @@ static void worker_fini(struct worker *w)
         free(w->inbox_keys);
         w->inbox_keys = next;
     }
-    while (w->n_easy_pool > 0)
-        curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi != NULL)
         curl_multi_cleanup(w->multi);
     upstream_pool_free(w->pool);

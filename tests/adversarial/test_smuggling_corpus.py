@@ -272,6 +272,9 @@ def corpus():
         chunked(lambda t: chunk(b"hello") + b"0\r\nTransfer-Encoding: chunked\r\n\r\n"))
     add("chunk-trailer-colon-line-hides-request", "reject",
         chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n: x\r\n" + smuggled(t)))
+    add("chunk-trailer-named-expect-hides-request", "reject", lambda k, t: req(k, [
+        "Expect: 100-continue", "Transfer-Encoding: chunked"],
+        chunk(b"hello") + b"0\r\nExpect: 100-continue\r\n: x\r\n" + smuggled(t)))
     add("chunk-trailer-colon-only-hides-request", "reject",
         chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n:\r\n" + smuggled(t)))
 

@@ -32,6 +32,7 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 hop              hop-by-hop headers in a valid chunked response
                 trailers         a chunked response with trailer fields that
                                  would clash with its headers
+                leading-space    white space before the first field line
                 odd-fields       field lines a proxy must repair: an obs-fold
                                  continuation, an empty value, white space
                                  before the colon
@@ -391,6 +392,15 @@ class Upstream:
                          b"X-Checksum: abc\r\n\r\n")
             await writer.drain()
             return False
+        if fault == "leading-space":
+            # White space before the first field line (RFC 9112 section 2.2:
+            # reject, or drop the line). libcurl 7.88 took it for a
+            # continuation of the previous transfer's last field, freed.
+            head = response_head(status, headers + [("Content-Length", str(len(body)))])
+            first = head.index(b"\r\n") + 2
+            writer.write(head[:first] + b" X-Leading: space\r\n" + head[first:] + body)
+            await writer.drain()
+            return keep
         if fault == "odd-fields":
             head = response_head(status, headers + [("Content-Length", str(len(body)))])
             extra = (b"X-Folded: first-part\r\n \t second-part\r\n"
