@@ -374,7 +374,14 @@ def gen_case(rng, case_no, salt):
     data = b"".join(r.bytes() for r in reqs)
     cuts = []
     if rng.random() < 0.5 and len(data) > 1:
-        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randrange(1, 8))))
+        cuts = set(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randrange(1, 8))))
+        # Half the time also between a CR and its LF, where a parser that
+        # reads a line end in two pieces goes wrong (libmicrohttpd did, see
+        # test_client_http_variants_accepted.py).
+        crs = [i + 1 for i in range(len(data) - 1) if data[i:i + 2] == b"\r\n"]
+        if crs and rng.random() < 0.5:
+            cuts.update(rng.sample(crs, min(len(crs), rng.randrange(1, 4))))
+        cuts = sorted(cuts)
     return reqs, data, cuts
 
 
