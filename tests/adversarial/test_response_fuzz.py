@@ -17,11 +17,16 @@ random places. Each case is one key, sent twice:
   * an answer the RFC forbids (two Content-Lengths, Content-Length with
     Transfer-Encoding, a bad chunk size, a bad status line, a NUL or a bare LF
     in the head, a body cut short): 502 and the key released, so the second
-    request runs again; the connection is never reused (a reused one would
-    answer a later case with these bytes);
-  * a valid answer with 1-4 random byte edits: what it means is unknown, so
-    only this holds: if the first answer was stored (a replay follows), the
-    replay is byte for byte the first answer, and the upstream ran it once.
+    request runs again (on the quarter of the keys whose route has
+    on_unknown "complete": that 502 stored and replayed, run once); the
+    connection is never reused (a reused one would answer a later case with
+    these bytes);
+  * a valid answer with 1-4 random byte edits after its Connection: close
+    line: what it means is unknown, so only this holds: if the first answer
+    was stored (a replay follows), the replay is byte for byte the first
+    answer, and the upstream ran it once;
+  * a valid answer with byte edits anywhere (status lines and interim answers
+    too), through a second proxy of their own: it must stay up.
 
 Over the run: every case's answers are its own (no answer of another case
 ever reaches a client: each body starts with its case's random tag), and the
@@ -74,7 +79,7 @@ class Recipe:
         # the answer crossed over (an edit cannot make one up).
         self.tag = b"case-%d-%s:" % (case, "".join(
             rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)).encode())
-        self.kind = rng.choices(["valid", "invalid", "havoc"], weights=[60, 25, 15])[0]
+        self.kind = rng.choices(["valid", "invalid", "havoc", "wild"], weights=[60, 25, 10, 5])[0]
         self.status = rng.choice(VALID_STATUSES)
         if self.status in (204, 304):
             self.body = b""
@@ -164,14 +169,24 @@ class Recipe:
             elif why == "no-colon":
                 head.append(b"X-No-Colon")
         self.bytes = interim + b"\r\n".join(head) + b"\r\n\r\n" + wire
-        if self.kind == "havoc":
+        if self.kind in ("havoc", "wild"):
             data = bytearray(self.bytes)
+            # Edits start after the final answer's "Connection: close" line:
+            # one before it (a blank line in the status line, say) could make
+            # an answer without it that the proxy rightly pools, and then
+            # loses the race with the upstream's close.
+            start = self.bytes.rfind(b"\r\nConnection: close\r\n") + 21
+            if self.kind == "wild":
+                # Anywhere, status lines and interim answers included. Such an
+                # answer may lose its "Connection: close"; the proxy then
+                # rightly pools a connection the upstream closes, and the
+                # next request on it fails. So these keys go through a proxy
+                # of their own, and only its survival is checked.
+                start = 0
             for _ in range(rng.randrange(1, 5)):
-                keep = data.find(b"\r\nConnection: close\r\n")
-                at = rng.randrange(len(data))
-                if keep >= 0 and keep <= at <= keep + 21:
-                    at = keep + 21 + rng.randrange(max(1, len(data) - keep - 21))
-                    at = min(at, len(data) - 1)
+                if len(data) <= start:
+                    break
+                at = start + rng.randrange(len(data) - start)
                 op = rng.randrange(3)
                 if op == 0:
                     data[at] = rng.randrange(256)
@@ -267,19 +282,27 @@ class ResponseFuzz(adv.AdversarialCase):
         recipes = [Recipe(i, rng) for i in range(n_cases)]
         up = RawUpstream(recipes)
         self.addCleanup(up.stop)
-        route = self.route(path="/v1/payments")
-        cfg = self.config(routes=[route], upstream_url="http://127.0.0.1:%d" % up.port,
+        # A quarter of the keys go to a route with on_unknown "complete": an
+        # answer that cannot be taken is then stored as the key's 502.
+        routes = [self.route(path="/v1/payments"),
+                  self.route(path="/v1/charges", scope="charges", on_unknown="complete")]
+        cfg = self.config(routes=routes, upstream_url="http://127.0.0.1:%d" % up.port,
                           timeout="5s")
         proxy = self.start_proxy(config=cfg)
+        wild_proxy = self.start_proxy(config=cfg)
         started = time.monotonic()
+
+        def complete(case):
+            return case % 4 == 3
 
         def one(case):
             key = "rf-%d-%d" % (seed, case)
-            path = "/v1/payments/%d" % case
+            path = "/v1/%s/%d" % ("charges" if complete(case) else "payments", case)
             out = []
             for _ in range(2):
                 try:
-                    out.append(harness.request(proxy.port, "POST", path,
+                    port = (wild_proxy if recipes[case].kind == "wild" else proxy).port
+                    out.append(harness.request(port, "POST", path,
                                                [("Idempotency-Key", key),
                                                 ("Content-Type", "application/json")],
                                                b'{"case":%d}' % case, timeout=15))
@@ -296,7 +319,7 @@ class ResponseFuzz(adv.AdversarialCase):
                                                                  or 6))
         failures = []
         tags = {r.tag: r.case for r in recipes}
-        counts = {"valid": 0, "invalid": 0, "havoc": 0, "stored": 0, "released": 0}
+        counts = {"valid": 0, "invalid": 0, "havoc": 0, "wild": 0, "stored": 0, "released": 0}
         for r, res in zip(recipes, results):
             runs = up.runs.get(r.case, 0)
             where = "case %d (seed %d, %s%s, status %d, %s, %d body bytes, cuts %s): %r" % (
@@ -306,6 +329,8 @@ class ResponseFuzz(adv.AdversarialCase):
                 failures.append("%s: %r" % (where, res))
                 continue
             counts[r.kind] += 1
+            if r.kind == "wild":
+                continue
             first, second = res
             if not isinstance(first, harness.Response) or not isinstance(second, harness.Response):
                 failures.append("no answer: %s %s: %s" % (adv.short(first), adv.short(second),
@@ -329,9 +354,14 @@ class ResponseFuzz(adv.AdversarialCase):
                     failures.append("ran %d times, replayed=%s (want %d, %s): %s" % (
                         runs, replayed, want_runs, r.status < 500, where))
             elif r.kind == "invalid" and r.invalid_why in EITHER:
-                # Refused (502, released), or taken as sent.
+                # Refused (502: released, or stored under "complete"), or
+                # taken as sent.
                 if first.status == 502 and adv.is_problem(first):
-                    if replayed or runs != 2:
+                    if complete(r.case):
+                        if not replayed or runs != 1 or second.body != first.body:
+                            failures.append("refused, not stored under on_unknown complete "
+                                            "(ran %d, replayed=%s): %s" % (runs, replayed, where))
+                    elif replayed or runs != 2:
                         failures.append("refused but stored (ran %d times, replayed=%s): %s"
                                         % (runs, replayed, where))
                 elif (first.status, first.body, first.header("X-R")) != (r.status, r.body, r.xr):
@@ -345,7 +375,12 @@ class ResponseFuzz(adv.AdversarialCase):
                 if first.status != 502 or not adv.is_problem(first):
                     failures.append("a forbidden answer passed on: %s: %s" % (adv.short(first),
                                                                              where))
-                if replayed or runs != 2:
+                if complete(r.case):
+                    if not replayed or runs != 1 or (second.status, second.body) != (
+                            first.status, first.body):
+                        failures.append("on_unknown complete: the 502 not stored (ran %d "
+                                        "times, replayed=%s): %s" % (runs, replayed, where))
+                elif replayed or runs != 2:
                     failures.append("a forbidden answer stored (ran %d times, replayed=%s): %s"
                                     % (runs, replayed, where))
             else:
@@ -357,11 +392,15 @@ class ResponseFuzz(adv.AdversarialCase):
                     if runs != 1:
                         failures.append("stored, but ran %d times: %s" % (runs, where))
         self.assertTrue(proxy.running(), "the proxy died (seed %d)" % seed)
+        self.assertTrue(wild_proxy.running(), "the proxy of the wild answers died (seed %d)"
+                        % seed)
         self.summary("response-fuzz",
-                     "seed %d, client %s: %d keys (%d valid, %d forbidden, %d edited answers); "
-                     "%d stored and replayed, %d released; %d failures; %.1fs",
+                     "seed %d, client %s: %d keys (%d valid, %d forbidden, %d edited answers, "
+                     "%d edited anywhere); %d stored and replayed, %d released; %d failures; "
+                     "%.1fs",
                      seed, os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") or "native", n_cases,
-                     counts["valid"], counts["invalid"], counts["havoc"], counts["stored"],
+                     counts["valid"], counts["invalid"], counts["havoc"], counts["wild"],
+                     counts["stored"],
                      counts["released"], len(failures), time.monotonic() - started)
         self.assertEqual(failures, [], "\n".join(failures[:30]))
 
