@@ -4,8 +4,9 @@
 The request and response fuzzers check framing; the e2e scenarios check one
 rule at a time. This test composes the rules at random: two proxies on one
 store (one with the native upstream client, one with libcurl), four routes
-(two sharing the scope "payments", one with on_unknown "complete", one with
-scope_header X-Tenant-Id and a wait of 250 ms), and a few hundred requests on a few dozen
+(two sharing the scope "payments"; one with on_unknown "complete" and
+release_on ["5xx", 429]; one with scope_header X-Tenant-Id, release_on
+["4xx", 503] and a wait of 250 ms), and a few hundred requests on a few dozen
 identities, sent by 16 clients at once in bursts on the same identity. Each
 request picks at random:
 
@@ -14,7 +15,7 @@ request picks at random:
     the same JSON with other key order and white space (same fingerprint), or
     another amount (another fingerprint);
   * what the upstream does with it (X-Test-* headers, outside the
-    fingerprint): 201, 201 after a delay, a 4xx, a 5xx, a reset, a close
+    fingerprint): 201, 201 after a delay, 402, 429, 500, 503, a reset, a close
     before answering, a body cut short, or no answer (the upstream timeout);
   * the proxy, and whether the client hangs up before the answer.
 
@@ -23,8 +24,9 @@ in its execution log. What is checked, per identity (scope, tenant, key):
 
   * every execution is of a request that was sent, with that request's key,
     path and body, and no request runs twice;
-  * at most one execution had a storable outcome (a status below 500, or any
-    unknown outcome on the on_unknown "complete" route), and nothing ran
+  * at most one execution had a storable outcome (a status its route's
+    release_on does not list, or any unknown outcome on the on_unknown
+    "complete" route), and nothing ran
     after it: a duplicate never runs once a result is stored;
   * every replay is of that execution: the fingerprint of the stored request,
     byte for byte the same status and body (and the same charge id) as every
@@ -56,25 +58,26 @@ from adv import harness
 UPSTREAM_TIMEOUT_S = 2.0
 WORKERS = 16
 
-# Route path -> (scope, on_unknown "complete", tenant header).
+# Route path -> (scope, on_unknown "complete", tenant header, release_on,
+# which statuses release).
 ROUTES = {
-    "/v1/payments": ("payments", False, False),
-    "/v1/refunds": ("payments", False, False),
-    "/v1/charges": ("charges", True, False),
-    "/v1/tenant": ("tenant", False, True),
+    "/v1/payments": ("payments", False, False, None, lambda st: st >= 500),
+    "/v1/refunds": ("payments", False, False, None, lambda st: st >= 500),
+    "/v1/charges": ("charges", True, False, ["5xx", 429], lambda st: st >= 500 or st == 429),
+    "/v1/tenant": ("tenant", False, True, ["4xx", 503], lambda st: 400 <= st < 500 or st == 503),
 }
 SCOPE_PATHS = {
     "payments": ["/v1/payments", "/v1/refunds"],
     "charges": ["/v1/charges"],
     "tenant": ["/v1/tenant"],
 }
-# Faults, their weight, and what the upstream does: (headers, status the
-# client sees fresh or None for an unknown outcome, storable on a
-# release-on-unknown route).
+# Faults: their weight, the X-Test-* headers that make the upstream do them,
+# and the status the client then gets fresh (None: an unknown outcome).
 FAULTS = {
     "ok": (30, [], 201),
     "delay": (12, [("X-Test-Delay-Ms", "DELAY")], 201),
     "4xx": (8, [("X-Test-Status", "402")], 402),
+    "429": (4, [("X-Test-Status", "429")], 429),
     "5xx": (10, [("X-Test-Status", "503")], 503),
     "500": (4, [("X-Test-Status", "500")], 500),
     "reset": (5, [("X-Test-Fault", "reset")], None),
@@ -123,7 +126,7 @@ class Op:
         status = FAULTS[self.fault][2]
         if status is None:
             return ROUTES[self.path][1]  # on_unknown "complete"
-        return status < 500
+        return not ROUTES[self.path][4](status)  # release_on
 
     def headers(self):
         h = [("Content-Type", "application/json"), ("Idempotency-Key", self.key),
@@ -170,8 +173,9 @@ class SemanticsFuzz(adv.AdversarialCase):
         # duplicates give up (409) while their holder still runs.
         routes = [dict(route, path=p, methods=["POST"], scope=s,
                        **({"on_unknown": "complete"} if unk else {}),
-                       **({"scope_header": "X-Tenant-Id", "wait": "250ms"} if tenant else {}))
-                  for p, (s, unk, tenant) in ROUTES.items()]
+                       **({"scope_header": "X-Tenant-Id", "wait": "250ms"} if tenant else {}),
+                       **({"release_on": rel} if rel is not None else {}))
+                  for p, (s, unk, tenant, rel, _) in ROUTES.items()]
         cfg = self.config(routes=routes, timeout="%gs" % UPSTREAM_TIMEOUT_S)
         other = "native" if os.environ.get("IDEMPROXY_UPSTREAM_CLIENT") == "libcurl" else "libcurl"
         cfg_b = json.loads(json.dumps(cfg))
