@@ -53,6 +53,7 @@
 #include "fault.h"
 #include "policy.h"
 #include "upstream.h"
+#include "wire_check.h"
 #include "writer.h"
 
 #define TICK_MS 10
@@ -145,6 +146,7 @@ struct conn_slot {
     bool ip_counted;         /* holds one of its address's per-IP count */
     unsigned char ip[16];    /* the client's address, IPv4 mapped to IPv6 */
     struct request *req; /* the request it is reading, if any */
+    struct wire_check *wire; /* its raw bytes, framed strictly */
     struct conn_slot *prev, *next;
 };
 
@@ -2017,6 +2019,13 @@ static bool on_headers(struct request *r, const char *method, const char *versio
             block_end = m + ci->header_size;
         }
     }
+    /* The head as it came off the socket, framed strictly: the same
+     * request, complete, with no line end other than CRLF, no NUL, no line
+     * starting with white space or ':'. The checks above and below look at
+     * libmicrohttpd's buffer, where some of those are no longer visible
+     * (wire_check.h). */
+    if (r->slot == NULL || r->slot->wire == NULL || !wire_check_head(r->slot->wire))
+        r->reject_status = 400;
     if (r->reject_status == 0 &&
         (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
          r->oom)) {
@@ -2366,6 +2375,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
          * were never forwarded anyway (the body is sent with a
          * Content-Length), and clients rarely send them. */
         MHD_get_connection_values_n(conn, MHD_FOOTER_KIND, count_trailer, r);
+        /* The raw bytes must have framed this request the same way, to its
+         * end, without trailer fields: libmicrohttpd drops some trailer
+         * lines without recording them (a ':' line, a NUL-led line) and
+         * then parses what follows as the next request. */
+        if (r->slot == NULL || r->slot->wire == NULL ||
+            !wire_check_end(r->slot->wire, (uint64_t)r->body_len + r->body_discarded)) {
+            respond_problem(r, 400, "bad-request", "Bad request",
+                            "the request's body framing is malformed (a line end other than "
+                            "CRLF, a NUL, an invalid chunk or trailer line)",
+                            "rejected", 0, true);
+            return queue_answer(r);
+        }
         if (r->trailers > 0) {
             respond_problem(r, 400, "bad-request", "Bad request",
                             "trailer fields after a chunked request body are not accepted",
@@ -2393,6 +2414,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r == NULL)
         return;
     *con_cls = NULL;
+    if (r->slot != NULL && r->slot->wire != NULL)
+        wire_check_done(r->slot->wire);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->state != RS_DONE && r->outcome == NULL)
         r->outcome = "aborted";
     if (r->state >= RS_BODY)
@@ -2531,9 +2554,13 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
             if (n > per_ip)
                 over = true;
         }
-        if (over && ci != NULL)
+        /* Every byte read from it goes to a checker of its own (wire_check.h);
+         * a connection without one (out of memory) is refused: its requests
+         * could not be checked. */
+        if (slot != NULL && !over)
+            slot->wire = wire_check_open(ci->connect_fd);
+        if ((over || slot == NULL || slot->wire == NULL) && ci != NULL)
             shutdown(ci->connect_fd, SHUT_RDWR);
-        /* Without a slot (out of memory) the connection is only not swept. */
         if (slot != NULL) {
             slot->fd = ci->connect_fd;
             slot->next = w->conns;
@@ -2550,6 +2577,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                 ip_release(w->srv, slot->ip);
             if (slot->req != NULL)
                 slot->req->slot = NULL;
+            wire_check_close(slot->wire);
             if (slot->prev != NULL)
                 slot->prev->next = slot->next;
             else
@@ -3318,6 +3346,23 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
     n = cfg->server.workers ? cfg->server.workers : (cores > 0 ? (unsigned)cores : 1);
     if (n > 64)
         n = 64;
+    /* Client bytes reach wire_check through this process's recv(), which
+     * must be the one libmicrohttpd calls (wire_check.h). */
+    {
+        struct rlimit rl;
+        size_t nfd = 65536;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            nfd = rl.rlim_cur < (1u << 20) ? (size_t)rl.rlim_cur : (1u << 20);
+        if (wire_check_global_init(nfd) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        if (!wire_check_interposed()) {
+            snprintf(err, errlen, "cannot check client bytes: this build's recv() is not the "
+                                  "one libmicrohttpd calls (linked statically?)");
+            return -1;
+        }
+    }
     srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         goto fail;

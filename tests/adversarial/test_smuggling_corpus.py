@@ -190,6 +190,24 @@ def corpus():
         "Transfer-Encoding: chunked\x00 ", "X-After: 1"], b"0\r\n\r\n" + smuggled(t)))
     add("nul-ends-value", "reject", lambda k, t: req(k, ["X-Nul: a\x00", "Content-Length: 2"],
                                                       b"{}"))
+    # A NUL or a ':' and then a bare LF: in libmicrohttpd's buffer the same
+    # two NULs as a CRLF, so only the raw bytes show them (found by a review,
+    # 2026-12-05). The empty name and the NUL line end the header block
+    # there: the rest became the next request, or the body.
+    add("nul-bare-lf-ends-te", "reject", lambda k, t: req(
+        k, ["Transfer-Encoding: chunked\x00\nX-After: 1"], b"0\r\n\r\n" + smuggled(t)))
+    add("nul-bare-lf-ends-te-last-line", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Transfer-Encoding: chunked\x00\n\r\n0\r\n\r\n" + smuggled(t))
+    add("nul-crlf-lf-ends-te", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Transfer-Encoding: chunked\x00\r\n\n0\r\n\r\n" + smuggled(t))
+    add("colon-bare-lf-hides-request", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Content-Length: 0\r\n:\n" + smuggled(t))
+    add("colon-bare-lf-becomes-body", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Content-Length: 2\r\n:\n\r\n{}")
+    add("nul-line-bare-lf-hides-request", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Content-Length: 0\r\n\x00\n" + smuggled(t))
+    add("nul-line-bare-lf-becomes-body", "reject", lambda k, t: req(k, [], b"")[:-2] +
+        b"Content-Length: 2\r\n\x00\n\r\n{}")
     # libmicrohttpd 0.9.75 ends the header block at a line that starts with
     # a colon: the fields after it were dropped and parsed as the next
     # request, or the empty line after it became the start of the body
@@ -277,6 +295,19 @@ def corpus():
         chunk(b"hello") + b"0\r\nExpect: 100-continue\r\n: x\r\n" + smuggled(t)))
     add("chunk-trailer-colon-only-hides-request", "reject",
         chunked(lambda t: chunk(b"hello") + b"0\r\nX-Trailer: 1\r\n:\r\n" + smuggled(t)))
+    # libmicrohttpd 0.9.75 drops these trailer lines without recording them
+    # and parses what follows as the next request: a ':' line whose CRLF
+    # arrives split between its CR and its LF (then its only "trailer" is its
+    # own duplicate of the last header line), and a line that starts with a
+    # NUL (found by a review, 2026-12-05).
+    def chunked_pieces(first, rest):
+        return lambda k, t: [req(k, ["Transfer-Encoding: chunked"], chunk(b"{}") + first),
+                             rest + smuggled(t)]
+    add("chunk-trailer-colon-x-split-cr-lf", "reject", chunked_pieces(b"0\r\n: x\r", b"\n"))
+    add("chunk-trailer-colon-split-cr-lf", "reject", chunked_pieces(b"0\r\n:\r", b"\n"))
+    add("chunk-trailer-colon-x-then-crlf", "reject", chunked_pieces(b"0\r\n: x", b"\r\n"))
+    add("chunk-trailer-nul-line", "reject",
+        chunked(lambda t: chunk(b"hello") + b"0\r\n\x00junk\r\n" + smuggled(t)))
 
     # Pipelining: a second request on the same connection is a request of its
     # own (executed once, with its own Content-Length), never a smuggled one.
@@ -313,13 +344,17 @@ def corpus():
 
 
 def exchange(port, data, want, patience=10.0, linger=1.0):
-    """Sends data; reads up to `want` responses (waiting up to `patience`
-    seconds for each), then up to `linger` seconds for the server to close.
-    Returns (responses, closed)."""
+    """Sends data (bytes, or a list of pieces sent 0.25 s apart, so that the
+    server reads each on its own); reads up to `want` responses (waiting up
+    to `patience` seconds for each), then up to `linger` seconds for the
+    server to close. Returns (responses, closed)."""
     out = []
     with harness.Conn(port, timeout=patience) as c:
         try:
-            c.send(data)
+            for i, piece in enumerate(data if isinstance(data, list) else [data]):
+                if i > 0:
+                    time.sleep(0.25)
+                c.send(piece)
         except (BrokenPipeError, ConnectionResetError):
             pass
         try:
