@@ -18,10 +18,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* How much of a line is kept: enough for a Content-Length or
- * Transfer-Encoding line with any sane value; longer ones of those are
- * refused. */
-#define LINE_KEEP 128
+/* How much of a line is kept: its field name, when it is one of those that
+ * frame the body (whose values are read as they come, white space and
+ * leading zeros of any length included). */
+#define LINE_KEEP 32
+/* The longest Content-Length: 18 digits without the leading zeros. */
+#define CL_DIGITS 18
 
 enum wstate {
     W_LEAD,      /* before a request line: empty lines (CRLF) are skipped */
@@ -50,6 +52,14 @@ struct wire_check {
     char before_colon;       /* the byte before it */
     size_t line_len;         /* bytes so far, without the line end */
     char line[LINE_KEEP];    /* the first LINE_KEEP of them */
+    /* the value of a Content-Length or Transfer-Encoding line, as it comes */
+    enum { V_NONE, V_CL, V_TE } vkind;
+    int vstate;     /* 0 white space before it, 1 in it, 2 white space after */
+    bool vbad;      /* white space inside, a byte that does not belong */
+    unsigned vdigits, vsig; /* Content-Length: digits, those after the zeros */
+    uint64_t vnum;
+    char vte[8];    /* Transfer-Encoding: its first bytes */
+    unsigned vlen;
     unsigned digits;         /* chunk-size line: hex digits read */
     int csize_phase;         /* 0 digits, 1 white space, 2 extension */
     /* the current request */
@@ -184,6 +194,11 @@ static void new_line(struct wire_check *wc)
     wc->colon = false;
     wc->name_len = 0;
     wc->before_colon = 0;
+    wc->vkind = V_NONE;
+    wc->vstate = 0;
+    wc->vbad = false;
+    wc->vdigits = wc->vsig = wc->vlen = 0;
+    wc->vnum = 0;
     wc->digits = 0;
     wc->csize_phase = 0;
 }
@@ -204,63 +219,61 @@ static bool is_ows(char c)
     return c == ' ' || c == '\t';
 }
 
-/* The value of the kept line after its colon, white space trimmed. */
-static const char *line_value(const struct wire_check *wc, size_t *len)
-{
-    const char *v = wc->line + wc->name_len + 1;
-    size_t n = wc->line_len - wc->name_len - 1;
-
-    while (n > 0 && is_ows(*v)) {
-        v++;
-        n--;
-    }
-    while (n > 0 && is_ows(v[n - 1]))
-        n--;
-    *len = n;
-    return v;
-}
-
 /* A field line ended (its CRLF read). */
 static void field_line(struct wire_check *wc)
 {
-    bool is_cl, is_te;
-    const char *v;
-    size_t n;
-
     if (is_ows(wc->line[0]) || wc->line[0] == ':' || !wc->colon || is_ows(wc->before_colon)) {
         fail(wc);
         return;
     }
-    is_cl = wc->name_len == 14 && strncasecmp(wc->line, "Content-Length", 14) == 0;
-    is_te = wc->name_len == 17 && strncasecmp(wc->line, "Transfer-Encoding", 17) == 0;
-    if (!is_cl && !is_te)
-        return;
-    if (wc->line_len > LINE_KEEP) {
-        fail(wc);
-        return;
-    }
-    v = line_value(wc, &n);
-    if (is_cl) {
-        uint64_t cl = 0;
-        if (wc->seen_cl || n == 0 || n > 18) {
+    if (wc->vkind == V_CL) {
+        if (wc->vbad || wc->vdigits == 0 || wc->seen_cl) {
             fail(wc);
             return;
         }
-        for (size_t i = 0; i < n; i++) {
-            if (v[i] < '0' || v[i] > '9') {
-                fail(wc);
-                return;
-            }
-            cl = cl * 10 + (uint64_t)(v[i] - '0');
-        }
         wc->seen_cl = true;
-        wc->cl = cl;
-    } else {
-        if (wc->chunked || n != 7 || strncasecmp(v, "chunked", 7) != 0) {
+        wc->cl = wc->vnum;
+    } else if (wc->vkind == V_TE) {
+        /* White space after "chunked": libmicrohttpd 0.9.75 does not read
+         * it as chunked and would wait for the connection's end. */
+        if (wc->vbad || wc->chunked || wc->vstate == 2 || wc->vlen != 7 ||
+            strncasecmp(wc->vte, "chunked", 7) != 0) {
             fail(wc);
             return;
         }
         wc->chunked = true;
+    }
+}
+
+/* One byte of a field value (after the colon), not a line end. */
+static void value_byte(struct wire_check *wc, char c)
+{
+    if (is_ows(c)) {
+        if (wc->vstate == 1)
+            wc->vstate = 2;
+        return;
+    }
+    if (wc->vstate == 2)
+        wc->vbad = true; /* white space inside: "1 2", "chunked x" */
+    wc->vstate = 1;
+    if (wc->vkind == V_CL) {
+        if (c < '0' || c > '9') {
+            wc->vbad = true;
+            return;
+        }
+        wc->vdigits++;
+        if (wc->vsig == 0 && c == '0')
+            return;
+        if (wc->vsig == CL_DIGITS) {
+            wc->vbad = true;
+            return;
+        }
+        wc->vnum = wc->vnum * 10 + (uint64_t)(c - '0');
+        wc->vsig++;
+    } else if (wc->vlen < sizeof(wc->vte)) {
+        wc->vte[wc->vlen++] = c;
+    } else {
+        wc->vbad = true;
     }
 }
 
@@ -451,10 +464,18 @@ void wire_check_feed(struct wire_check *wc, const char *buf, size_t n)
             csize_byte(wc, c);
             continue;
         }
-        if (!wc->colon && !wc->first_line) {
+        if (wc->colon) {
+            if (wc->vkind != V_NONE)
+                value_byte(wc, c);
+        } else if (!wc->first_line) {
             if (c == ':') {
                 wc->colon = true;
                 wc->name_len = wc->line_len;
+                if (wc->name_len == 14 && strncasecmp(wc->line, "Content-Length", 14) == 0)
+                    wc->vkind = V_CL;
+                else if (wc->name_len == 17 &&
+                         strncasecmp(wc->line, "Transfer-Encoding", 17) == 0)
+                    wc->vkind = V_TE;
             } else {
                 wc->before_colon = c;
             }

@@ -135,6 +135,15 @@ def corpus():
     add("cl-leading-zeros", "either", cl(lambda b: "000%d" % len(b)),
         body=b"{}" + smuggled("cl-leading-zeros"))
     add("cl-padded", "either", cl(lambda b: " %d  " % len(b)), body=b"{}" + smuggled("cl-padded"))
+    # Valid (RFC 9110 8.6, 5.6.3): leading zeros and white space of any length.
+    add("cl-20-leading-zeros", "accept", cl(lambda b: "0" * 20 + "%d" % len(b)),
+        body=b"{}" + smuggled("cl-20-leading-zeros"))
+    add("cl-long-leading-ows", "accept", cl(lambda b: " " * 150 + "%d" % len(b)),
+        body=b"{}" + smuggled("cl-long-leading-ows"))
+    # libmicrohttpd 0.9.75 does not read "chunked " as chunked and waited for
+    # the connection's end; refused instead.
+    add("te-trailing-space", "reject", lambda k, t: req(k, ["Transfer-Encoding: chunked "],
+                                                        chunk(b"{}") + b"0\r\n\r\n"))
     add("cl-body-hides-request", "accept", cl(lambda b: "%d" % len(b)),
         body=b"{}" + smuggled("cl-body-hides-request"))
     # README: a field name that is not a token is refused.

@@ -80,9 +80,20 @@ static void test_valid_streams(void **state)
     OK("GET / HTTP/1.0\r\n\r\n", 0);
     OK(REQ("content-length:   5  \r\nX-Empty:\r\nX-Sp: a b \r\n") "he\r\nl", 5);
     OK(REQ("Transfer-Encoding: chunked\r\n") "5\r\nhello\r\n0\r\n\r\n", 5);
-    OK(REQ("Transfer-Encoding:  CHUNKED \r\n") "000000000000000000005\r\nhello\r\n0\r\n\r\n", 5);
+    OK(REQ("Transfer-Encoding:  CHUNKED\r\n") "000000000000000000005\r\nhello\r\n0\r\n\r\n", 5);
     OK(REQ("Transfer-Encoding: chunked\r\n") "3;a=b\r\nabc\r\n2 ; x\r\nde\r\n0;z\r\n\r\n", 5);
     OK(REQ("Transfer-Encoding: chunked\r\n") "0\r\n\r\n", 0);
+    /* Leading zeros and white space of any length (a review found both
+     * refused by a first version that kept 128 bytes of the line). */
+    OK(REQ("Content-Length: 00000000000000000000000000000002\r\n") "{}", 2);
+    OK(REQ("Content-Length:" "                                                  "
+           "                                                  "
+           "                                                  2  \r\n") "{}", 2);
+    OK(REQ("Transfer-Encoding:" "                                                  "
+           "                                                  "
+           "                                                  chunked\r\n") "0\r\n\r\n", 0);
+    OK(REQ("X-Long: " "0123456789012345678901234567890123456789012345678901234567890123456789"
+           "0123456789012345678901234567890123456789012345678901234567890123456789\r\n"), 0);
     /* Pipelined, with empty lines before a request line. */
     OK(REQ("Content-Length: 2\r\n") "{}" "\r\n" REQ("Transfer-Encoding: chunked\r\n")
            "2\r\n{}\r\n0\r\n\r\n" REQ(""),
@@ -121,6 +132,11 @@ static void test_field_lines(void **state)
     BAD(REQ("Content-Length: 2, 2\r\n") "{}", 0);
     BAD(REQ("Content-Length: +2\r\n") "{}", 0);
     BAD(REQ("Content-Length: 1234567890123456789\r\n"), 0);
+    BAD(REQ("Content-Length: 1 2\r\n") "{}", 0);
+    BAD(REQ("Content-Length:\r\n"), 0);
+    /* libmicrohttpd 0.9.75 does not read "chunked " as chunked. */
+    BAD(REQ("Transfer-Encoding: chunked \r\n") "0\r\n\r\n", 0);
+    BAD(REQ("Transfer-Encoding: chunked;q=1\r\n") "0\r\n\r\n", 0);
     BAD(REQ("Transfer-Encoding: gzip, chunked\r\n") "0\r\n\r\n", 0);
     BAD(REQ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n") "0\r\n\r\n", 0);
     BAD(REQ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n") "0\r\n\r\n", 0);
