@@ -1976,6 +1976,18 @@ static uint64_t body_limit(const struct request *r)
     "the body exceeds the largest max_body of any route, the limit for requests no route "   \
     "covers"
 
+/* A request whose raw bytes could not be checked (wire_check.h), for want of
+ * memory: answered 503, nothing forwarded. True when it was. */
+static bool unchecked_503(struct request *r)
+{
+    if (r->slot != NULL && r->slot->wire != NULL && !wire_check_oom(r->slot->wire))
+        return false;
+    respond_problem(r, 503, "out-of-memory", "Out of memory",
+                    "the proxy could not hold this request; nothing was forwarded", "unavailable",
+                    1, true);
+    return true;
+}
+
 static bool on_headers(struct request *r, const char *method, const char *version)
 {
     const struct config *cfg = r->w->srv->cfg;
@@ -2024,7 +2036,9 @@ static bool on_headers(struct request *r, const char *method, const char *versio
      * starting with white space or ':'. The checks above and below look at
      * libmicrohttpd's buffer, where some of those are no longer visible
      * (wire_check.h). */
-    if (r->slot == NULL || r->slot->wire == NULL || !wire_check_head(r->slot->wire))
+    if (unchecked_503(r))
+        return false;
+    if (!wire_check_head(r->slot->wire))
         r->reject_status = 400;
     if (r->reject_status == 0 &&
         (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
@@ -2379,8 +2393,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
          * end, without trailer fields: libmicrohttpd drops some trailer
          * lines without recording them (a ':' line, a NUL-led line) and
          * then parses what follows as the next request. */
-        if (r->slot == NULL || r->slot->wire == NULL ||
-            !wire_check_end(r->slot->wire, (uint64_t)r->body_len + r->body_discarded)) {
+        if (unchecked_503(r))
+            return queue_answer(r);
+        if (!wire_check_end(r->slot->wire, (uint64_t)r->body_len + r->body_discarded)) {
             respond_problem(r, 400, "bad-request", "Bad request",
                             "the request's body framing is malformed (a line end other than "
                             "CRLF, a NUL, an invalid chunk or trailer line)",
@@ -2554,12 +2569,12 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
             if (n > per_ip)
                 over = true;
         }
-        /* Every byte read from it goes to a checker of its own (wire_check.h);
-         * a connection without one (out of memory) is refused: its requests
-         * could not be checked. */
+        /* Every byte read from it goes to a checker of its own (wire_check.h).
+         * Without one (out of memory) its requests cannot be checked: each
+         * is answered 503 (unchecked_503). */
         if (slot != NULL && !over)
             slot->wire = wire_check_open(ci->connect_fd);
-        if ((over || slot == NULL || slot->wire == NULL) && ci != NULL)
+        if (over && ci != NULL)
             shutdown(ci->connect_fd, SHUT_RDWR);
         if (slot != NULL) {
             slot->fd = ci->connect_fd;

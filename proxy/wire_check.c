@@ -65,10 +65,13 @@ struct wire_check {
     /* the current request */
     bool head_done, seen_cl, chunked;
     uint64_t cl, body_len, remaining;
-    /* requests framed and not yet done, oldest first */
+    /* requests framed and not yet done, oldest first: in qi, or beyond a
+     * few (many pipelined at once) on the heap */
     struct wire_req *q;
     size_t q_len, q_cap;
+    struct wire_req qi[4];
     bool desync; /* the server finished a request this never framed */
+    bool oom;    /* a request could not be counted: every one from here fails */
 };
 
 static _Atomic(struct wire_check *) *g_table;
@@ -123,8 +126,11 @@ struct wire_check *wire_check_new(void)
 {
     struct wire_check *wc = calloc(1, sizeof(*wc));
 
-    if (wc != NULL)
+    if (wc != NULL) {
         wc->fd = -1;
+        wc->q = wc->qi;
+        wc->q_cap = sizeof(wc->qi) / sizeof(wc->qi[0]);
+    }
     return wc;
 }
 
@@ -132,7 +138,8 @@ void wire_check_free(struct wire_check *wc)
 {
     if (wc == NULL)
         return;
-    free(wc->q);
+    if (wc->q != wc->qi)
+        free(wc->q);
     free(wc);
 }
 
@@ -164,14 +171,17 @@ void wire_check_close(struct wire_check *wc)
 static void push(struct wire_check *wc, bool bad)
 {
     if (wc->q_len == wc->q_cap) {
-        size_t cap = wc->q_cap ? wc->q_cap * 2 : 4;
-        struct wire_req *nq = realloc(wc->q, cap * sizeof(*nq));
+        size_t cap = wc->q_cap * 2;
+        struct wire_req *nq = wc->q == wc->qi ? malloc(cap * sizeof(*nq))
+                                              : realloc(wc->q, cap * sizeof(*nq));
         if (nq == NULL) {
             /* Cannot keep count: every request from here fails. */
-            wc->desync = true;
+            wc->oom = true;
             wc->st = W_BAD;
             return;
         }
+        if (wc->q == wc->qi)
+            memcpy(nq, wc->qi, sizeof(wc->qi));
         wc->q = nq;
         wc->q_cap = cap;
     }
@@ -489,9 +499,14 @@ void wire_check_feed(struct wire_check *wc, const char *buf, size_t n)
 
 /* ---- what the server asks --------------------------------------------------- */
 
+bool wire_check_oom(const struct wire_check *wc)
+{
+    return wc->oom;
+}
+
 bool wire_check_head(const struct wire_check *wc)
 {
-    if (wc->desync)
+    if (wc->desync || wc->oom)
         return false;
     if (wc->q_len > 0)
         return !wc->q[0].bad;
@@ -500,7 +515,7 @@ bool wire_check_head(const struct wire_check *wc)
 
 bool wire_check_framed(const struct wire_check *wc, uint64_t *body_len)
 {
-    if (wc->desync || wc->q_len == 0 || wc->q[0].bad)
+    if (wc->desync || wc->oom || wc->q_len == 0 || wc->q[0].bad)
         return false;
     *body_len = wc->q[0].body_len;
     return true;

@@ -68,5 +68,8 @@ bool wire_check_framed(const struct wire_check *wc, uint64_t *body_len);
 /* libmicrohttpd is done with that request: on to the next. A request not
  * framed completely yet makes every later one fail the checks. */
 void wire_check_done(struct wire_check *wc);
+/* Out of memory counting requests (more than a few pipelined at once):
+ * the checks fail from then on, and the answer is a 503, not a 400. */
+bool wire_check_oom(const struct wire_check *wc);
 
 #endif

@@ -159,6 +159,26 @@ static void test_chunked_framing(void **state)
     BAD(REQ("Transfer-Encoding: chunked\r\n") "0\r\n\n", 0);
 }
 
+/* More requests framed at once than the checker keeps inline: all counted,
+ * in order. */
+static void test_many_pipelined(void **state)
+{
+    static const char one[] = REQ("Content-Length: 3\r\n") "abc";
+    struct wire_check *wc = wire_check_new();
+    (void)state;
+    assert_non_null(wc);
+    for (int i = 0; i < 40; i++)
+        wire_check_feed(wc, one, sizeof(one) - 1);
+    for (int i = 0; i < 40; i++) {
+        assert_true(wire_check_head(wc));
+        assert_true(wire_check_end(wc, 3));
+        wire_check_done(wc);
+    }
+    assert_false(wire_check_oom(wc));
+    assert_false(wire_check_end(wc, 3));
+    wire_check_free(wc);
+}
+
 /* libmicrohttpd finishing a request this never framed makes the rest fail. */
 static void test_desync(void **state)
 {
@@ -181,6 +201,7 @@ int main(void)
         cmocka_unit_test(test_line_ends_and_nul),
         cmocka_unit_test(test_field_lines),
         cmocka_unit_test(test_chunked_framing),
+        cmocka_unit_test(test_many_pipelined),
         cmocka_unit_test(test_desync),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
