@@ -1,0 +1,578 @@
+/*
+ * powercut.c - an LD_PRELOAD library that keeps, next to one file, the image
+ * that file would have on disk after a power cut: what was flushed, and
+ * nothing else. test_power_cut.py runs idemproxy under it and, after a
+ * SIGKILL, puts that image in place of the store's data.mdb.
+ *
+ * A write to the watched file (pwrite, write, writev, through any descriptor
+ * open on it) reaches the page cache only. It is copied into the image
+ *  - when a later fdatasync() or fsync() of the file returns: every write
+ *    that returned before the flush began is then on disk, whichever
+ *    descriptor made it (a flush covers the file, POSIX fsync()), or
+ *  - when it returns, if the descriptor was opened with O_DSYNC or O_SYNC
+ *    (LMDB writes its meta page that way, and only that write is durable).
+ * A write still waiting for a flush is also appended to a pending log, so the
+ * test can add any subset of them to the image: on a real power cut the
+ * device may have written some of them already.
+ *
+ * The image is updated after the real call returns and before the caller
+ * goes on, so anything the process did after a flush (say, answering a
+ * client) happened after the image holds it. A SIGKILL between the two only
+ * leaves the image behind the disk, never ahead of it.
+ *
+ * Environment:
+ *   POWERCUT_FILE     absolute path of the watched file (the store's data.mdb)
+ *   POWERCUT_IMAGE    path of the image (created; an existing watched file is
+ *                     copied into it first, as flushed)
+ *   POWERCUT_PENDING  path of the pending log: records "PCW1", offset (8
+ *                     bytes, little endian), length (8), then the bytes
+ *   POWERCUT_STATS    optional: rewritten after every flush with
+ *                     "flushes=N dsync_writes=N applied_bytes=N"
+ *   POWERCUT_KILL_AT_WRITE  optional N: the process SIGKILLs itself right
+ *                     after its Nth unflushed write to the file, so the cut
+ *                     lands inside a commit, between its page writes and
+ *                     its flush
+ *
+ * Not modelled: a directory entry that was never flushed (LMDB does not fsync
+ * the store's directory; the test's store exists before the run), and
+ * writes through mmap (the store does not use MDB_WRITEMAP).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define MAX_FDS 16
+
+struct pending {
+    off_t off;
+    size_t len;
+    unsigned char *data;
+};
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t lock;
+    int (*open)(const char *, int, ...);
+    int (*open64)(const char *, int, ...);
+    int (*openat)(int, const char *, int, ...);
+    int (*close)(int);
+    ssize_t (*pwrite)(int, const void *, size_t, off_t);
+    ssize_t (*pwrite64)(int, const void *, size_t, off_t);
+    ssize_t (*write)(int, const void *, size_t);
+    ssize_t (*writev)(int, const struct iovec *, int);
+    int (*fdatasync)(int);
+    int (*fsync)(int);
+    const char *file;
+    const char *image_path;
+    const char *pending_path;
+    const char *stats_path;
+    int image_fd;
+    int pending_fd;
+    int fds[MAX_FDS]; /* descriptors open on the watched file, -1 free */
+    int dsync[MAX_FDS];
+    struct pending *pend;
+    size_t npend, cap;
+    unsigned long long flushes, dsync_writes, applied_bytes;
+    unsigned long long writes, kill_at_write;
+} pc = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Any failure here would make the image wrong without anyone knowing: stop
+ * the process instead (the test then fails on the proxy's exit). */
+static void die(const char *what)
+{
+    char msg[256];
+    int n = snprintf(msg, sizeof msg, "powercut: %s: %s\n", what, strerror(errno));
+    if (n > 0 && pc.write) {
+        (void)!pc.write(2, msg, (size_t)n);
+    }
+    abort();
+}
+
+/* The next definition of `name` (libc's, or a sanitizer's interceptor),
+ * stored into the function pointer at `slot` (POSIX allows the conversion
+ * through memcpy; ISO C has no cast for it). */
+static void real(void *slot, size_t size, const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (f == NULL || size != sizeof f) {
+        abort();
+    }
+    memcpy(slot, &f, sizeof f);
+}
+
+#define REAL(field, name) real(&pc.field, sizeof pc.field, name)
+
+static void write_all(int fd, const void *buf, size_t len, off_t off)
+{
+    const unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t w = pc.pwrite(fd, p, len, off);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            die("writing the image");
+        }
+        p += w;
+        len -= (size_t)w;
+        off += w;
+    }
+}
+
+static void append_all(int fd, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t w = pc.write(fd, p, len);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            die("writing the pending log");
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+}
+
+static void init(void)
+{
+    REAL(open, "open");
+    REAL(open64, "open64");
+    REAL(openat, "openat");
+    REAL(close, "close");
+    REAL(pwrite, "pwrite");
+    REAL(pwrite64, "pwrite64");
+    REAL(write, "write");
+    REAL(writev, "writev");
+    REAL(fdatasync, "fdatasync");
+    REAL(fsync, "fsync");
+    pc.file = getenv("POWERCUT_FILE");
+    pc.image_path = getenv("POWERCUT_IMAGE");
+    pc.pending_path = getenv("POWERCUT_PENDING");
+    pc.stats_path = getenv("POWERCUT_STATS");
+    if (getenv("POWERCUT_KILL_AT_WRITE") != NULL) {
+        pc.kill_at_write = strtoull(getenv("POWERCUT_KILL_AT_WRITE"), NULL, 10);
+    }
+    pc.image_fd = -1;
+    pc.pending_fd = -1;
+    for (int i = 0; i < MAX_FDS; i++) {
+        pc.fds[i] = -1;
+    }
+    if (pc.file == NULL || pc.image_path == NULL || pc.pending_path == NULL) {
+        pc.file = NULL; /* nothing to watch */
+    }
+}
+
+static void write_stats(void);
+
+static void setup(void)
+{
+    (void)pthread_once(&pc.once, init);
+}
+
+/* Opens the image and the pending log the first time the watched file is
+ * opened; an existing file is taken as flushed. Called with the lock held. */
+static void open_image(int fd)
+{
+    struct stat st;
+    unsigned char buf[65536];
+    off_t off = 0;
+
+    if (pc.image_fd >= 0) {
+        return;
+    }
+    pc.image_fd = pc.open(pc.image_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    pc.pending_fd = pc.open(pc.pending_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
+                            0600);
+    if (pc.image_fd < 0 || pc.pending_fd < 0) {
+        die("opening the image");
+    }
+    if (fstat(fd, &st) != 0) {
+        die("fstat");
+    }
+    while (off < st.st_size) {
+        ssize_t r = pread(fd, buf, sizeof buf, off);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            die("copying the watched file");
+        }
+        write_all(pc.image_fd, buf, (size_t)r, off);
+        off += r;
+    }
+    write_stats();
+}
+
+static int slot_of(int fd)
+{
+    for (int i = 0; i < MAX_FDS; i++) {
+        if (pc.fds[i] == fd) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int watched(int fd)
+{
+    int i;
+    if (pc.file == NULL || fd < 0) {
+        return -1;
+    }
+    pthread_mutex_lock(&pc.lock);
+    i = slot_of(fd);
+    pthread_mutex_unlock(&pc.lock);
+    return i;
+}
+
+static void after_open(const char *path, int flags, int fd)
+{
+    char abs[PATH_MAX];
+    int i;
+
+    if (pc.file == NULL || fd < 0) {
+        return;
+    }
+    if (realpath(path, abs) == NULL || strcmp(abs, pc.file) != 0) {
+        return;
+    }
+    pthread_mutex_lock(&pc.lock);
+    i = slot_of(-1);
+    if (i < 0) {
+        errno = EMFILE;
+        die("too many descriptors on the watched file");
+    }
+    open_image(fd);
+    pc.fds[i] = fd;
+    pc.dsync[i] = (flags & (O_DSYNC | O_SYNC)) != 0;
+    pthread_mutex_unlock(&pc.lock);
+}
+
+static void append_record(const struct pending *p)
+{
+    unsigned char head[20];
+    uint64_t o = (uint64_t)p->off, l = (uint64_t)p->len;
+    memcpy(head, "PCW1", 4);
+    for (int k = 0; k < 8; k++) {
+        head[4 + k] = (unsigned char)(o >> (8 * k));
+        head[12 + k] = (unsigned char)(l >> (8 * k));
+    }
+    append_all(pc.pending_fd, head, sizeof head);
+    append_all(pc.pending_fd, p->data, p->len);
+}
+
+/* The pending log rewritten to hold exactly pc.pend. Lock held. */
+static void rewrite_pending_log(void)
+{
+    if (ftruncate(pc.pending_fd, 0) != 0) {
+        die("truncating the pending log");
+    }
+    for (size_t i = 0; i < pc.npend; i++) {
+        append_record(&pc.pend[i]);
+    }
+}
+
+/* A write that returned: durable now on an O_DSYNC descriptor, else pending.
+ * Called with the lock held. A durable write also replaces its bytes in the
+ * pending writes it overlaps: the page cache holds only the newer bytes, so a
+ * later flush, or a device that wrote the page early, can only put those
+ * there. */
+static void record(int slot, const void *buf, size_t len, off_t off)
+{
+    if (pc.dsync[slot]) {
+        int patched = 0;
+        write_all(pc.image_fd, buf, len, off);
+        pc.dsync_writes++;
+        pc.applied_bytes += len;
+        for (size_t i = 0; i < pc.npend; i++) {
+            struct pending *p = &pc.pend[i];
+            off_t lo = p->off > off ? p->off : off;
+            off_t hi = p->off + (off_t)p->len < off + (off_t)len ? p->off + (off_t)p->len
+                                                                  : off + (off_t)len;
+            if (lo < hi) {
+                memcpy(p->data + (lo - p->off), (const unsigned char *)buf + (lo - off),
+                       (size_t)(hi - lo));
+                patched = 1;
+            }
+        }
+        if (patched) {
+            rewrite_pending_log();
+        }
+        return;
+    }
+    if (pc.npend == pc.cap) {
+        size_t cap = pc.cap ? pc.cap * 2 : 256;
+        struct pending *np = realloc(pc.pend, cap * sizeof *np);
+        if (np == NULL) {
+            die("realloc");
+        }
+        pc.pend = np;
+        pc.cap = cap;
+    }
+    struct pending *p = &pc.pend[pc.npend];
+    p->data = malloc(len ? len : 1);
+    if (p->data == NULL) {
+        die("malloc");
+    }
+    memcpy(p->data, buf, len);
+    p->off = off;
+    p->len = len;
+    pc.npend++;
+    append_record(p);
+    if (pc.kill_at_write != 0 && ++pc.writes == pc.kill_at_write) {
+        raise(SIGKILL);
+    }
+}
+
+/* The counters, replaced whole (written aside, then renamed) so that a
+ * SIGKILL never leaves a cut file. Lock held. */
+static void write_stats(void)
+{
+    char line[160], tmp[PATH_MAX];
+    int fd, n;
+    if (pc.stats_path == NULL) {
+        return;
+    }
+    n = snprintf(line, sizeof line, "flushes=%llu dsync_writes=%llu applied_bytes=%llu\n",
+                 pc.flushes, pc.dsync_writes, pc.applied_bytes);
+    if (n <= 0 || snprintf(tmp, sizeof tmp, "%s.tmp", pc.stats_path) >= (int)sizeof tmp) {
+        die("the stats path");
+    }
+    fd = pc.open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        die("writing the stats");
+    }
+    append_all(fd, line, (size_t)n);
+    pc.close(fd);
+    if (rename(tmp, pc.stats_path) != 0) {
+        die("renaming the stats");
+    }
+}
+
+/* A flush of the watched file returned: the first `upto` pending writes (the
+ * ones that returned before it began) are on disk. */
+static void flushed(int fd, size_t upto)
+{
+    struct stat st;
+
+    pthread_mutex_lock(&pc.lock);
+    for (size_t i = 0; i < upto; i++) {
+        write_all(pc.image_fd, pc.pend[i].data, pc.pend[i].len, pc.pend[i].off);
+        pc.applied_bytes += pc.pend[i].len;
+        free(pc.pend[i].data);
+    }
+    memmove(pc.pend, pc.pend + upto, (pc.npend - upto) * sizeof *pc.pend);
+    pc.npend -= upto;
+    /* The file's size is flushed too (posix_fallocate grows it ahead). */
+    if (fstat(fd, &st) == 0) {
+        struct stat ist;
+        if (fstat(pc.image_fd, &ist) != 0) {
+            die("fstat of the image");
+        }
+        if (st.st_size > ist.st_size && ftruncate(pc.image_fd, st.st_size) != 0) {
+            die("growing the image");
+        }
+    }
+    /* The pending log keeps only what is still pending. */
+    rewrite_pending_log();
+    pc.flushes++;
+    write_stats();
+    pthread_mutex_unlock(&pc.lock);
+}
+
+static int do_flush(int (*fn)(int), int fd)
+{
+    size_t upto;
+    int rc;
+
+    setup();
+    if (watched(fd) < 0) {
+        return fn(fd);
+    }
+    pthread_mutex_lock(&pc.lock);
+    upto = pc.npend;
+    pthread_mutex_unlock(&pc.lock);
+    rc = fn(fd);
+    if (rc == 0) {
+        flushed(fd, upto);
+    }
+    return rc;
+}
+
+/* The interposed functions. */
+
+int open(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    int fd;
+    setup();
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    fd = pc.open(path, flags, mode);
+    after_open(path, flags, fd);
+    return fd;
+}
+
+int open64(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    int fd;
+    setup();
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    fd = pc.open64(path, flags, mode);
+    after_open(path, flags, fd);
+    return fd;
+}
+
+int openat(int dirfd, const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    int fd;
+    setup();
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    fd = pc.openat(dirfd, path, flags, mode);
+    if (path[0] == '/' || dirfd == AT_FDCWD) {
+        after_open(path, flags, fd);
+    }
+    return fd;
+}
+
+int close(int fd)
+{
+    setup();
+    if (pc.file != NULL && fd >= 0) {
+        pthread_mutex_lock(&pc.lock);
+        int i = slot_of(fd);
+        if (i >= 0) {
+            pc.fds[i] = -1;
+        }
+        pthread_mutex_unlock(&pc.lock);
+    }
+    return pc.close(fd);
+}
+
+static ssize_t do_pwrite(ssize_t (*fn)(int, const void *, size_t, off_t), int fd,
+                         const void *buf, size_t len, off_t off)
+{
+    ssize_t w;
+    int i;
+    setup();
+    i = watched(fd);
+    if (i < 0) {
+        return fn(fd, buf, len, off);
+    }
+    pthread_mutex_lock(&pc.lock);
+    w = fn(fd, buf, len, off);
+    if (w > 0) {
+        record(i, buf, (size_t)w, off);
+    }
+    pthread_mutex_unlock(&pc.lock);
+    return w;
+}
+
+ssize_t pwrite(int fd, const void *buf, size_t len, off_t off)
+{
+    setup();
+    return do_pwrite(pc.pwrite, fd, buf, len, off);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t len, off_t off)
+{
+    setup();
+    return do_pwrite(pc.pwrite64, fd, buf, len, off);
+}
+
+ssize_t write(int fd, const void *buf, size_t len)
+{
+    ssize_t w;
+    off_t off;
+    int i;
+    setup();
+    i = watched(fd);
+    if (i < 0) {
+        return pc.write(fd, buf, len);
+    }
+    pthread_mutex_lock(&pc.lock);
+    off = lseek(fd, 0, SEEK_CUR);
+    w = pc.write(fd, buf, len);
+    if (w > 0) {
+        if (off < 0) {
+            die("lseek");
+        }
+        record(i, buf, (size_t)w, off);
+    }
+    pthread_mutex_unlock(&pc.lock);
+    return w;
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+    ssize_t w;
+    off_t off;
+    int i;
+    setup();
+    i = watched(fd);
+    if (i < 0) {
+        return pc.writev(fd, iov, iovcnt);
+    }
+    pthread_mutex_lock(&pc.lock);
+    off = lseek(fd, 0, SEEK_CUR);
+    w = pc.writev(fd, iov, iovcnt);
+    if (w > 0) {
+        size_t left = (size_t)w;
+        if (off < 0) {
+            die("lseek");
+        }
+        for (int k = 0; k < iovcnt && left > 0; k++) {
+            size_t n = iov[k].iov_len < left ? iov[k].iov_len : left;
+            record(i, iov[k].iov_base, n, off);
+            off += (off_t)n;
+            left -= n;
+        }
+    }
+    pthread_mutex_unlock(&pc.lock);
+    return w;
+}
+
+int fdatasync(int fd)
+{
+    setup();
+    return do_flush(pc.fdatasync, fd);
+}
+
+int fsync(int fd)
+{
+    setup();
+    return do_flush(pc.fsync, fd);
+}

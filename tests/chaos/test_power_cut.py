@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""A power cut: every answer the proxy gave is on disk, and the store opens.
+
+The contract says that with `durability: "sync"` a record is on disk before
+the client gets its answer. A SIGKILL cannot check that: the page cache
+survives the process, so a proxy that answered before its flush would still
+pass test_answer_after_durable_commit. This test keeps what a power cut would
+leave instead.
+
+The proxy runs under `libpowercut.so` (powercut.c, LD_PRELOAD), which keeps
+an image of the store's data.mdb holding only what was flushed: writes are
+copied into it when an fdatasync()/fsync() of the file returns, or at once
+when they went through an O_DSYNC descriptor. Eight clients send POSTs with
+new keys; at a random moment the proxy is SIGKILLed (every other round by the
+library itself, right after a random page write, so the cut falls inside a
+commit, between its writes and its flush). The image, plus a random
+half of the pages written but never flushed (a device may have written some
+of them before the power went), replaces data.mdb. Then:
+
+  - `check-store` passes on it (LMDB's integrity with our write pattern);
+  - a proxy started on it (without the library) replays every key whose
+    answer any client received, with the same charge id, and the upstream's
+    execution log shows each such key run once.
+
+A control round runs the same with `durability: "interval"` (one flush per
+`sync_interval`, no O_DSYNC writes, and no unflushed page added) and must
+lose answered records: it shows that the test can tell a proxy that answers
+before its flush from one that does not.
+
+CI: 3 rounds and the control; long (CHAOS_LONG=1): 20; CHAOS_POWERCUT_ROUNDS
+overrides.
+"""
+
+import os
+import shutil
+import struct
+import threading
+import time
+import unittest
+
+import chaoslib
+from chaoslib import harness
+
+TEST = "power_cut"
+ROUNDS = chaoslib.knob("POWERCUT_ROUNDS", 3, 20)
+CLIENTS = 8
+PAGE = 4096
+
+
+def library():
+    path = os.environ.get("POWERCUT_LIB")
+    if not path:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(here, "..", "..", "build", "tests", "chaos", "libpowercut.so")
+    return os.path.abspath(path)
+
+
+def pending_writes(path):
+    """The pending log's whole records: [(offset, bytes)]. A record cut by the
+    SIGKILL is not one."""
+    out = []
+    with open(path, "rb") as f:
+        data = f.read()
+    i = 0
+    while i + 20 <= len(data):
+        if data[i:i + 4] != b"PCW1":
+            raise AssertionError("pending log: bad record at %d" % i)
+        off, length = struct.unpack_from("<QQ", data, i + 4)
+        if i + 20 + length > len(data):
+            break
+        out.append((off, data[i + 20:i + 20 + length]))
+        i += 20 + length
+    return out
+
+
+def read_stats(path):
+    with open(path) as f:
+        return {k: int(v) for (k, v) in (p.split("=") for p in f.read().split())}
+
+
+class PowerCut(harness.ProxyTestCase):
+    def traffic(self, proxy, tag, rnd, answered, stop):
+        """CLIENTS threads of keep-alive POSTs with new keys until `stop` is
+        set or the connection dies; every whole answer goes into `answered`
+        (key -> (status, charge id))."""
+        delays = [rnd.choice((0, 0, 1, 3)) for _ in range(64)]
+
+        def client(n):
+            sent = 0
+            try:
+                with harness.Conn(proxy.port, timeout=10) as conn:
+                    while not stop.is_set():
+                        key = "%s-c%d-%d" % (tag, n, sent)
+                        resp = conn.request(
+                            "POST", "/v1/payments",
+                            [("Content-Type", "application/json"), ("Idempotency-Key", key),
+                             ("X-Test-Delay-Ms", str(delays[(n * 7 + sent) % 64]))],
+                            harness.PAYMENT_BODY)
+                        sent += 1
+                        answered[key] = (resp.status, resp.charge_id)
+            except (harness.ConnectionClosed, OSError, ValueError):
+                pass  # the proxy was killed
+
+        threads = [threading.Thread(target=client, args=(n,), daemon=True)
+                   for n in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def start_cut_proxy(self, tag, durability, sync_interval="500ms", kill_at_write=None):
+        """A proxy on a new store under libpowercut.so. Returns (proxy, store
+        path, image path, pending log path, stats path)."""
+        store = os.path.join(self.workdir, "store-" + tag)
+        os.makedirs(store)
+        image, pending, stats = store + ".image", store + ".pending", store + ".stats"
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = " ".join(filter(None, [library(), env.get("LD_PRELOAD")]))
+        env["POWERCUT_FILE"] = os.path.realpath(os.path.join(store, "data.mdb"))
+        env["POWERCUT_IMAGE"] = image
+        env["POWERCUT_PENDING"] = pending
+        env["POWERCUT_STATS"] = stats
+        if kill_at_write:
+            env["POWERCUT_KILL_AT_WRITE"] = str(kill_at_write)
+        # A sanitizer build wants its runtime first among the libraries.
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
+                                                      "verify_asan_link_order=0"]))
+        st = {"path": store, "durability": durability}
+        if durability == "interval":
+            st["sync_interval"] = sync_interval
+        proxy = harness.Proxy(self.workdir, self.config(store=st), "cut-" + tag, env=env)
+        self.proxies.append(proxy)
+        proxy.start()
+        return proxy, store, image, pending, stats
+
+    def one_round(self, rnd, tag, durability, inside_commit=False):
+        """One cut. inside_commit: the library SIGKILLs the proxy right after
+        a random unflushed page write, so the cut falls between a commit's
+        writes and its flush; otherwise the test SIGKILLs it at a random
+        moment."""
+        kill_at = rnd.randint(200, 4000) if inside_commit else None
+        proxy, store, image, pending, stats = self.start_cut_proxy(tag, durability,
+                                                                   kill_at_write=kill_at)
+
+        answered, stop = {}, threading.Event()
+        threads = self.traffic(proxy, tag, rnd, answered, stop)
+        if kill_at:
+            try:
+                rc = proxy.proc.wait(timeout=60)
+            finally:
+                proxy.killed = True
+            self.assertEqual(rc, -9, "%s: the proxy exited with %r, not by the library's "
+                             "SIGKILL at write %d" % (tag, rc, kill_at))
+        else:
+            want = rnd.randint(150, 600)
+            self.assertTrue(harness.wait_for(lambda: len(answered) >= want, timeout=60),
+                            "%s: %d answers of %d in 60 s" % (tag, len(answered), want))
+            time.sleep(rnd.uniform(0, 0.3))
+            proxy.kill9()
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+        cut_stats = read_stats(stats)
+
+        # The disk after the cut: the image, and (sync rounds) a random half
+        # of the pages that were written but not flushed.
+        applied = 0
+        with open(image, "r+b") as disk:
+            if durability == "sync":
+                for off, data in pending_writes(pending):
+                    for p in range(0, len(data), PAGE):
+                        if rnd.random() < 0.5:
+                            disk.seek(off + p)
+                            disk.write(data[p:p + PAGE])
+                            applied += 1
+        shutil.copyfile(image, os.path.join(store, "data.mdb"))
+
+        check = chaoslib.check_store(store)
+        self.assertTrue(check.ok, "%s: check-store after the power cut: %r" % (tag, check))
+
+        after = self.start_proxy(config=self.config(store={"path": store}),
+                                 name="after-" + tag)
+        ok = {k: v for (k, v) in answered.items() if v[0] == 201}
+        self.assertEqual(len(ok), len(answered),
+                         "%s: answers other than 201 before the cut: %r" % (
+                             tag, {k: v for (k, v) in answered.items() if v[0] != 201}))
+        lost, replayed = [], 0
+        with after.conn() as conn:
+            for key, (_, charge) in sorted(ok.items()):
+                retry = conn.request("POST", "/v1/payments",
+                                     [("Content-Type", "application/json"),
+                                      ("Idempotency-Key", key), ("X-Test-Holder", "retry")],
+                                     harness.PAYMENT_BODY)
+                if retry.status == 201 and retry.replayed and retry.charge_id == charge:
+                    replayed += 1
+                else:
+                    lost.append((key, retry.status, retry.replayed))
+        after.stop()
+        return {"answered": len(ok), "replayed": replayed, "lost": lost,
+                "pages_applied": applied, "flushes": cut_stats["flushes"],
+                "dsync_writes": cut_stats["dsync_writes"], "keys": set(ok)}
+
+    def test_a_new_store_is_on_disk_before_its_first_sync(self):
+        """A power cut right after a first start, before any interval sync:
+        the store must open again. LMDB creates data.mdb and writes its meta
+        pages without a flush; the store flushes a store it created (and its
+        directory) at once. Without that the image here is 0 bytes and the
+        next start refuses the store as damaged."""
+        proxy, store, image, _, stats = self.start_cut_proxy("new", "interval",
+                                                             sync_interval="1h")
+        resp = self.post(proxy, "new-store-key")
+        self.assertEqual(resp.status, 201, resp)
+        proxy.kill9()
+        self.assertGreater(read_stats(stats)["flushes"], 0, "no flush of the new store")
+        self.assertGreaterEqual(os.path.getsize(image), 2 * PAGE, "the meta pages never flushed")
+        shutil.copyfile(image, os.path.join(store, "data.mdb"))
+        check = chaoslib.check_store(store)
+        self.assertTrue(check.ok, "check-store after a power cut on a new store: %r" % (check,))
+        after = self.start_proxy(config=self.config(store={"path": store}), name="after-new")
+        # Answered, never flushed ("interval"): it runs again, as that
+        # durability allows.
+        self.assertEqual(self.post(after, "new-store-key").status, 201)
+
+    def test_answered_records_survive_a_power_cut(self):
+        rnd = chaoslib.rng(TEST)
+        t_start = time.monotonic()
+        lib = library()
+        self.assertTrue(os.path.exists(lib), "no %s: build the powercut target" % lib)
+
+        totals = {"answered": 0, "replayed": 0, "pages_applied": 0, "flushes": 0}
+        keys = set()
+        for i in range(ROUNDS):
+            r = self.one_round(rnd, "sync%d" % i, "sync", inside_commit=i % 2 == 1)
+            self.assertGreater(r["flushes"], 0, "the library saw no flush: is it preloaded?")
+            self.assertGreater(r["dsync_writes"], 0, "LMDB's meta page went out without O_DSYNC")
+            self.assertEqual(r["lost"], [], "round %d: answered before on disk (key, status "
+                             "of the retry, replayed): %d of %d" % (i, len(r["lost"]),
+                                                                     r["answered"]))
+            for k in totals:
+                totals[k] += r[k]
+            keys |= r["keys"]
+
+        control = self.one_round(rnd, "interval", "interval")
+        self.assertEqual(control["dsync_writes"], 0)
+
+        execs = {}
+        for e in chaoslib.execution_log(self.upstream):
+            execs[e["key"]] = execs.get(e["key"], 0) + 1
+        twice = sorted(k for k in keys if execs.get(k) != 1)
+        chaoslib.figure(TEST, rounds=ROUNDS, answered=totals["answered"],
+                        replayed=totals["replayed"], run_twice=len(twice),
+                        unflushed_pages_applied=totals["pages_applied"],
+                        flushes=totals["flushes"], control_answered=control["answered"],
+                        control_lost=len(control["lost"]),
+                        test_s=round(time.monotonic() - t_start, 1))
+        self.assertEqual(twice, [], "answered keys the upstream ran other than once")
+        self.assertGreater(len(control["lost"]), 0,
+                           "the control (durability interval) lost nothing: the test cannot "
+                           "tell an answer before the flush from one after")
+
+
+if __name__ == "__main__":
+    unittest.main()
