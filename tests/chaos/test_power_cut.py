@@ -18,9 +18,13 @@ half of the pages written but never flushed (a device may have written some
 of them before the power went), replaces data.mdb. Then:
 
   - `check-store` passes on it (LMDB's integrity with our write pattern);
-  - a proxy started on it (without the library) replays every key whose
+  - the store is made to remember another boot (a power cut is a reboot), and
+    a proxy started on it (without the library) replays every key whose
     answer any client received, with the same charge id, and the upstream's
-    execution log shows each such key run once.
+    execution log shows each such key run once;
+  - a key that was in flight at the cut runs at once when retried (its lease
+    ended with the boot): replayed if its result is on disk, with one run,
+    otherwise run again, two runs at most.
 
 A control round runs the same with `durability: "interval"` (one flush per
 `sync_interval`, no O_DSYNC writes, and no unflushed page added) and must
@@ -79,11 +83,14 @@ def read_stats(path):
 
 
 class PowerCut(harness.ProxyTestCase):
-    def traffic(self, proxy, tag, rnd, answered, stop):
+    def traffic(self, proxy, tag, rnd, sent, answered, stop):
         """CLIENTS threads of keep-alive POSTs with new keys until `stop` is
-        set or the connection dies; every whole answer goes into `answered`
-        (key -> (status, charge id))."""
+        set or the connection dies; every key goes into `sent` before it is
+        sent, and every whole answer into `answered` (key -> (status, charge
+        id))."""
         delays = [rnd.choice((0, 0, 1, 3)) for _ in range(64)]
+
+        sent_keys = sent
 
         def client(n):
             sent = 0
@@ -91,6 +98,7 @@ class PowerCut(harness.ProxyTestCase):
                 with harness.Conn(proxy.port, timeout=10) as conn:
                     while not stop.is_set():
                         key = "%s-c%d-%d" % (tag, n, sent)
+                        sent_keys.add(key)
                         resp = conn.request(
                             "POST", "/v1/payments",
                             [("Content-Type", "application/json"), ("Idempotency-Key", key),
@@ -141,8 +149,8 @@ class PowerCut(harness.ProxyTestCase):
         proxy, store, image, pending, stats = self.start_cut_proxy(tag, durability,
                                                                    kill_at_write=kill_at)
 
-        answered, stop = {}, threading.Event()
-        threads = self.traffic(proxy, tag, rnd, answered, stop)
+        sent, answered, stop = set(), {}, threading.Event()
+        threads = self.traffic(proxy, tag, rnd, sent, answered, stop)
         if kill_at:
             try:
                 rc = proxy.proc.wait(timeout=60)
@@ -176,6 +184,12 @@ class PowerCut(harness.ProxyTestCase):
 
         check = chaoslib.check_store(store)
         self.assertTrue(check.ok, "%s: check-store after the power cut: %r" % (tag, check))
+        # A power cut is a reboot: the leases in the store are of a boot
+        # that is over, and the next proxy settles them when it opens it.
+        harness.forget_boot(store)
+        check = chaoslib.check_store(store)
+        self.assertTrue(check.ok, "%s: check-store after the reboot: %r" % (tag, check))
+        self.assertEqual(check.summary.get("leases_from"), "previous_boot", check)
 
         after = self.start_proxy(config=self.config(store={"path": store}),
                                  name="after-" + tag)
@@ -194,8 +208,22 @@ class PowerCut(harness.ProxyTestCase):
                     replayed += 1
                 else:
                     lost.append((key, retry.status, retry.replayed))
+        # The keys in flight at the cut: their leases ended with the boot, so
+        # a retry runs at once. It replays only a run whose result is on
+        # disk; otherwise it runs again (the first run may or may not have
+        # reached the upstream: the execution counts are checked at the end).
+        in_flight = {}
+        with after.conn() as conn:
+            for key in sorted(sent - set(answered)):
+                retry = conn.request("POST", "/v1/payments",
+                                     [("Content-Type", "application/json"),
+                                      ("Idempotency-Key", key), ("X-Test-Holder", "retry")],
+                                     harness.PAYMENT_BODY)
+                self.assertEqual(retry.status, 201, "%s: in flight at the cut, its retry after "
+                                 "the reboot: %r" % (key, retry))
+                in_flight[key] = retry.replayed
         after.stop()
-        return {"answered": len(ok), "replayed": replayed, "lost": lost,
+        return {"answered": len(ok), "replayed": replayed, "lost": lost, "in_flight": in_flight,
                 "pages_applied": applied, "flushes": cut_stats["flushes"],
                 "dsync_writes": cut_stats["dsync_writes"], "keys": set(ok)}
 
@@ -227,7 +255,7 @@ class PowerCut(harness.ProxyTestCase):
         self.assertTrue(os.path.exists(lib), "no %s: build the powercut target" % lib)
 
         totals = {"answered": 0, "replayed": 0, "pages_applied": 0, "flushes": 0}
-        keys = set()
+        keys, in_flight = set(), {}
         for i in range(ROUNDS):
             r = self.one_round(rnd, "sync%d" % i, "sync", inside_commit=i % 2 == 1)
             self.assertGreater(r["flushes"], 0, "the library saw no flush: is it preloaded?")
@@ -238,6 +266,7 @@ class PowerCut(harness.ProxyTestCase):
             for k in totals:
                 totals[k] += r[k]
             keys |= r["keys"]
+            in_flight.update(r["in_flight"])
 
         control = self.one_round(rnd, "interval", "interval")
         self.assertEqual(control["dsync_writes"], 0)
@@ -246,13 +275,21 @@ class PowerCut(harness.ProxyTestCase):
         for e in chaoslib.execution_log(self.upstream):
             execs[e["key"]] = execs.get(e["key"], 0) + 1
         twice = sorted(k for k in keys if execs.get(k) != 1)
+        # In flight at the cut: a replay is of the one run; a run after the
+        # reboot is the second at most.
+        bad_flight = sorted((k, rep, execs.get(k, 0)) for (k, rep) in in_flight.items()
+                            if (execs.get(k, 0) != 1 if rep else not 1 <= execs.get(k, 0) <= 2))
         chaoslib.figure(TEST, rounds=ROUNDS, answered=totals["answered"],
                         replayed=totals["replayed"], run_twice=len(twice),
+                        in_flight=len(in_flight),
+                        in_flight_replayed=sum(1 for v in in_flight.values() if v),
                         unflushed_pages_applied=totals["pages_applied"],
                         flushes=totals["flushes"], control_answered=control["answered"],
                         control_lost=len(control["lost"]),
                         test_s=round(time.monotonic() - t_start, 1))
         self.assertEqual(twice, [], "answered keys the upstream ran other than once")
+        self.assertEqual(bad_flight, [], "keys in flight at a cut (key, replayed after the "
+                         "reboot, executions)")
         self.assertGreater(len(control["lost"]), 0,
                            "the control (durability interval) lost nothing: the test cannot "
                            "tell an answer before the flush from one after")

@@ -22,6 +22,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -329,6 +330,19 @@ def sockets(pid):
         except OSError:
             pass
     return n
+
+
+def forget_boot(path):
+    """Rewrites the store's remembered boot id (meta "lease_epoch") to one that
+    is not this boot's, with LMDB's own mdb_dump/mdb_load while no process has
+    the store open: to the store, the host has booted since."""
+    dump = subprocess.run(["mdb_dump", "-p", "-s", "meta", path], capture_output=True,
+                          check=True, timeout=10).stdout.decode()
+    other, n = re.subn(r"(?m)^ [0-9a-f]{8}-[0-9a-f-]{27}$",
+                       " 00000000-0000-0000-0000-000000000000", dump)
+    assert n == 1, dump
+    subprocess.run(["mdb_load", "-s", "meta", path], input=other.encode(),
+                   capture_output=True, check=True, timeout=10)
 
 
 def wait_for(predicate, timeout=5.0, interval=0.02):

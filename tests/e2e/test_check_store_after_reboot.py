@@ -11,7 +11,6 @@ remembers (meta "lease_epoch") with LMDB's own mdb_dump/mdb_load while no
 process has the store open: to the store, the host has booted since."""
 
 import json
-import re
 import subprocess
 import time
 import unittest
@@ -25,17 +24,6 @@ def check_store(path):
                        capture_output=True, timeout=10)
     lines = [json.loads(l) for l in p.stdout.decode().splitlines()]
     return p.returncode, lines[:-1], lines[-1]
-
-
-def forget_boot(path):
-    """Rewrites the store's remembered boot id to one that is not this boot's."""
-    dump = subprocess.run(["mdb_dump", "-p", "-s", "meta", path], capture_output=True,
-                          check=True, timeout=10).stdout.decode()
-    other, n = re.subn(r"(?m)^ [0-9a-f]{8}-[0-9a-f-]{27}$",
-                       " 00000000-0000-0000-0000-000000000000", dump)
-    assert n == 1, dump
-    subprocess.run(["mdb_load", "-s", "meta", path], input=other.encode(),
-                   capture_output=True, check=True, timeout=10)
 
 
 class CheckStoreAfterReboot(harness.ProxyTestCase):
@@ -56,7 +44,7 @@ class CheckStoreAfterReboot(harness.ProxyTestCase):
         live = [r for r in records if r["state"] == "in_progress"]
         self.assertGreater(live[0]["lease_expires_ms"], time.time() * 1000 + 50000, live)
 
-        forget_boot(self.store_path)
+        harness.forget_boot(self.store_path)
         before_ms = time.time() * 1000
         rc, records, summary = check_store(self.store_path)
         after_ms = time.time() * 1000
