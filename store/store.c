@@ -5,6 +5,7 @@
  * the real-time clock.
  */
 #include "store.h"
+#include "store_internal.h"
 #include "store_sha256.h"
 
 #include <pthread.h>
@@ -477,4 +478,39 @@ void store_key_derive(const void *scope, size_t scope_len, const void *key, size
          * only when out of memory; stopping is the one safe answer. */
         abort();
     }
+}
+
+const char *store_shared_fs_name(unsigned long f_type)
+{
+    /* Magic numbers from linux/magic.h and the file systems' own sources. */
+    static const struct {
+        uint32_t magic;
+        const char *name;
+    } shared[] = {
+        {0x6969u, "NFS"},
+        {0x517Bu, "SMB"},
+        {0xFF534D42u, "CIFS"},
+        {0xFE534D42u, "SMB2"},
+        {0x00C36400u, "Ceph"},
+        {0x01021997u, "9p"},
+        {0x5346414Fu, "AFS"},
+        {0x6B414653u, "AFS"},
+        {0x73757245u, "Coda"},
+        {0x0000564Cu, "NCP"},
+        {0x65735546u, "FUSE"},
+        {0x0BD00BD0u, "Lustre"},
+        {0x01161970u, "GFS2"},
+        {0x7461636Fu, "OCFS2"},
+        {0x47504653u, "GPFS"},
+        {0x20030528u, "OrangeFS"},
+        {0x19830326u, "BeeGFS"},
+    };
+    uint32_t t = (uint32_t)(f_type & 0xFFFFFFFFu);
+
+    for (size_t i = 0; i < sizeof(shared) / sizeof(shared[0]); i++) {
+        if (shared[i].magic == t) {
+            return shared[i].name;
+        }
+    }
+    return NULL;
 }

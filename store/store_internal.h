@@ -46,4 +46,14 @@ void store_record_write(const struct store_record_view *v, uint8_t *buf);
 /* Copies v into an owning record (free with store_record_clear()). */
 int store_record_copy(const struct store_record_view *v, struct store_record *out);
 
+/* The name of a file system LMDB cannot keep a store on, from statfs()'s
+ * f_type ("NFS", "FUSE", ...), or NULL for any other (a local one, or one
+ * not known). LMDB's caveats (lmdb.h): its locks and its shared memory map
+ * do not work on a remote file system, even between processes of one host,
+ * and processes on two hosts would each take the writer. FUSE is in the list
+ * because the network file systems of clouds and clusters mount through it
+ * (s3fs, gcsfuse, sshfs, GlusterFS), and its locks and shared map are the
+ * daemon's to get right. Only the low 32 bits of f_type are read. */
+const char *store_shared_fs_name(unsigned long f_type);
+
 #endif

@@ -53,6 +53,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -1884,6 +1885,61 @@ static int lmdb_sync(void *impl)
     return map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
 }
 
+/* A store is kept only on a file system LMDB works on (store_shared_fs_name):
+ * on NFS, say, two hosts that mount one volume would each take LMDB's writer
+ * lock and run the same key twice, and a store's map would not stay
+ * coherent. Refused at start, by name, rather than found out later. Fault
+ * builds take the type from IDEM_FAULT_FS_TYPE (tests/faults), since no
+ * test can mount a network file system here. */
+static int check_file_system(const char *path, char *err, size_t errlen)
+{
+    char at[4096];
+    struct statfs fs;
+    unsigned long type;
+    const char *name;
+    size_t n = strlen(path);
+
+    /* Before the store's directories are made: the nearest one that exists
+     * holds what mkdir would make. */
+    if (n == 0 || n >= sizeof(at)) {
+        snprintf(err, errlen, "store: bad path");
+        return STORE_EINVAL;
+    }
+    memcpy(at, path, n + 1);
+    while (statfs(at, &fs) != 0) {
+        char *slash = strrchr(at, '/');
+        if (errno != ENOENT || (slash == NULL && strcmp(at, ".") == 0)) {
+            snprintf(err, errlen, "store: cannot read the file system of %s: %s", path,
+                     strerror(errno));
+            return STORE_EIO;
+        }
+        if (slash == NULL) {
+            memcpy(at, ".", 2);
+        } else if (slash == at) {
+            at[1] = '\0';
+        } else {
+            *slash = '\0';
+        }
+    }
+    type = (unsigned long)fs.f_type;
+#ifdef IDEM_FAULT_INJECTION
+    if (getenv("IDEM_FAULT_FS_TYPE") != NULL) {
+        type = strtoul(getenv("IDEM_FAULT_FS_TYPE"), NULL, 0);
+    }
+#endif
+    name = store_shared_fs_name(type);
+    if (name != NULL) {
+        snprintf(err, errlen,
+                 "store: %s is on %s (file system type 0x%lx); LMDB needs a local file system: its "
+                 "locks and memory map do not work across hosts or through a network file "
+                 "system, and two hosts would each run the same key. Put store.path on a "
+                 "local disk",
+                 path, name, type & 0xFFFFFFFFul);
+        return STORE_EINVAL;
+    }
+    return STORE_OK;
+}
+
 /* fsync of a directory, for the entries in it. */
 static int sync_dir(const char *path)
 {
@@ -2378,7 +2434,13 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     }
 
     s->read_only = opt->read_only;
+    /* A read-only look (check-store) is allowed anywhere: it takes no lock
+     * a writer needs, and it may be how someone finds out what is there. */
     if (!s->read_only) {
+        rc = check_file_system(opt->path, err, errlen);
+        if (rc != STORE_OK) {
+            goto out;
+        }
         rc = make_dirs(opt->path, err, errlen);
         if (rc != STORE_OK) {
             goto out;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "store_internal.h"
 #include "store_sha256.h"
 #ifdef IDEM_FAULT_INJECTION
 #include "store_fault.h"
@@ -3091,6 +3092,29 @@ static void test_names(void **state)
     assert_string_equal(store_strerror(-99), "unknown store error");
 }
 
+/* The file systems a store is refused on (check_file_system in
+ * store_lmdb.c), by statfs()'s f_type, and the local ones it is not. */
+static void test_shared_fs_names(void **state)
+{
+    (void)state;
+    assert_string_equal(store_shared_fs_name(0x6969ul), "NFS");
+    assert_string_equal(store_shared_fs_name(0xFF534D42ul), "CIFS");
+    assert_string_equal(store_shared_fs_name(0xFE534D42ul), "SMB2");
+    assert_string_equal(store_shared_fs_name(0x65735546ul), "FUSE");
+    assert_string_equal(store_shared_fs_name(0x00C36400ul), "Ceph");
+    assert_string_equal(store_shared_fs_name(0x01021997ul), "9p");
+    /* Only the low 32 bits: a sign-extended f_type reads the same. */
+    assert_string_equal(store_shared_fs_name((unsigned long)(long)(int32_t)0xFF534D42u), "CIFS");
+    /* ext4, XFS, Btrfs, tmpfs, overlayfs, ZFS: local. */
+    assert_null(store_shared_fs_name(0xEF53ul));
+    assert_null(store_shared_fs_name(0x58465342ul));
+    assert_null(store_shared_fs_name(0x9123683Eul));
+    assert_null(store_shared_fs_name(0x01021994ul));
+    assert_null(store_shared_fs_name(0x794C7630ul));
+    assert_null(store_shared_fs_name(0x2FC12FC1ul));
+    assert_null(store_shared_fs_name(0));
+}
+
 #define STORE_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
@@ -3166,6 +3190,7 @@ int main(void)
         cmocka_unit_test(test_record_decode_rejects_malformed),
         cmocka_unit_test(test_record_decode_mutants),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_shared_fs_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
