@@ -1940,72 +1940,107 @@ static int check_file_system(const char *path, char *err, size_t errlen)
     return STORE_OK;
 }
 
-/* fsync of a directory, for the entries in it. */
+/* fsync of a directory, for the entries in it. 0, or the errno of a flush
+ * that failed to write (EIO, ENOSPC, EDQUOT). A directory that cannot be
+ * opened, or whose file system does not flush directories (EINVAL, EBADF,
+ * ENOTSUP: PostgreSQL ignores these too), is passed over: there is nothing
+ * this process can do about it, and refusing to start would not help. */
 static int sync_dir(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int rc = 0;
 
     if (fd < 0) {
-        return -1;
+        return 0;
     }
-    if (fsync(fd) != 0) {
-        rc = -1;
+    if (fsync(fd) != 0 && (errno == EIO || errno == ENOSPC || errno == EDQUOT)) {
+        rc = errno;
     }
     close(fd);
     return rc;
 }
 
-/* A store this process has just created goes to disk before anything is
- * stored in it, whatever the durability. Otherwise a power cut soon after a
- * first start leaves data.mdb 0 bytes long (LMDB writes its meta pages
- * without a flush, and with "interval" nothing is flushed until the first
- * sync), which the next start refuses as damaged (probe_data_file), or no
- * data.mdb at all: LMDB never flushes the directory, and POSIX asks for a
- * directory's own fsync for a new entry in it. The store's directory's
- * parent is flushed too, for the store's directory itself when the proxy
- * made it. tests/chaos/test_power_cut.py found the 0-byte file. */
-static int sync_new_store(struct lmdb_store *s, const char *path, char *err, size_t errlen)
+/* Cuts the last component off a path in place ("a/b/" -> "a", "a" -> ".",
+ * "/a" -> "/"); false when there is none left to cut ("/", "."). */
+static bool path_up(char *buf)
 {
-    char parent[4096];
-    size_t n = strlen(path);
-    int lrc = LMDB_CALL(mdb_env_sync(s->env, 1));
+    size_t n = strlen(buf);
 
-    if (lrc != 0) {
-        snprintf(err, errlen, "store: cannot flush the new store %s: %s", path,
-                 mdb_strerror(lrc));
-        return map_err(lrc);
-    }
-    while (n > 1 && path[n - 1] == '/') {
+    while (n > 1 && buf[n - 1] == '/') {
         n--;
     }
-    while (n > 0 && path[n - 1] != '/') {
+    buf[n] = '\0';
+    if (strcmp(buf, "/") == 0 || strcmp(buf, ".") == 0) {
+        return false;
+    }
+    while (n > 0 && buf[n - 1] != '/') {
+        n--;
+    }
+    while (n > 1 && buf[n - 1] == '/') {
         n--;
     }
     if (n == 0) {
-        snprintf(parent, sizeof(parent), ".");
-    } else if (n < sizeof(parent)) {
-        memcpy(parent, path, n);
-        parent[n] = '\0';
+        memcpy(buf, ".", 2);
     } else {
-        parent[0] = '\0';
+        buf[n] = '\0';
     }
-    if (sync_dir(path) != 0 || (parent[0] != '\0' && sync_dir(parent) != 0)) {
-        snprintf(err, errlen, "store: cannot flush the directory of the new store %s: %s", path,
-                 strerror(errno));
+    return true;
+}
+
+/* Every open for writing flushes the store's file and its directories before
+ * anything is stored, whatever the durability. LMDB writes a new data.mdb's
+ * meta pages without a flush (with "interval", nothing is flushed until the
+ * first sync), and never flushes a directory, where POSIX wants a
+ * directory's own fsync for a new entry in it. A power cut soon after a first
+ * start would otherwise leave data.mdb 0 bytes long, which the next start
+ * refuses as damaged (probe_data_file), or not there at all.
+ * tests/chaos/test_power_cut.py found the 0-byte file. Flushed: data.mdb,
+ * the store's directory (data.mdb's entry), its parent, and on up while the
+ * directory just flushed was made by this open (made_len: the length of the
+ * first directory make_dirs made, 0 for none). Done at every open rather than
+ * only at a store's creation, so an open that failed or died between LMDB's
+ * creating the file and this flush is made good by the next one. */
+static int sync_at_open(struct lmdb_store *s, const char *path, size_t made_len, char *err,
+                        size_t errlen)
+{
+    char dir[4096];
+    int lrc = LMDB_CALL(mdb_env_sync(s->env, 1));
+    int e;
+
+    if (lrc != 0) {
+        snprintf(err, errlen, "store: cannot flush %s: %s", path, mdb_strerror(lrc));
+        return map_err(lrc);
+    }
+    if (strlen(path) >= sizeof(dir)) {
+        snprintf(err, errlen, "store: path too long");
+        return STORE_EINVAL;
+    }
+    memcpy(dir, path, strlen(path) + 1);
+    e = sync_dir(dir);
+    for (bool first = true; e == 0; first = false) {
+        bool made = made_len > 0 && strlen(dir) >= made_len;
+        if (!(first || made) || !path_up(dir)) {
+            break;
+        }
+        e = sync_dir(dir);
+    }
+    if (e != 0) {
+        snprintf(err, errlen, "store: cannot flush the directory %s: %s", dir, strerror(e));
         return STORE_EIO;
     }
     return STORE_OK;
 }
 
 /* mkdir -p with mode 0700: the store holds stored responses, which are
- * nobody else's business. */
-static int make_dirs(const char *path, char *err, size_t errlen)
+ * nobody else's business. *made_len: the length of the first (topmost)
+ * directory it made, 0 when all were there. */
+static int make_dirs(const char *path, size_t *made_len, char *err, size_t errlen)
 {
     int rc = STORE_OK;
     char *buf = strdup(path);
     struct stat sb;
 
+    *made_len = 0;
     if (buf == NULL) {
         rc = STORE_ENOMEM;
         snprintf(err, errlen, "store: out of memory");
@@ -2016,14 +2051,22 @@ static int make_dirs(const char *path, char *err, size_t errlen)
             continue;
         }
         *p = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+        if (mkdir(buf, 0700) == 0) {
+            if (*made_len == 0) {
+                *made_len = strlen(buf);
+            }
+        } else if (errno != EEXIST) {
             rc = STORE_EIO;
             snprintf(err, errlen, "store: cannot create %s: %s", buf, strerror(errno));
             goto out;
         }
         *p = '/';
     }
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+    if (mkdir(buf, 0700) == 0) {
+        if (*made_len == 0) {
+            *made_len = strlen(buf);
+        }
+    } else if (errno != EEXIST) {
         rc = STORE_EIO;
         snprintf(err, errlen, "store: cannot create %s: %s", buf, strerror(errno));
         goto out;
@@ -2407,6 +2450,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     struct stat sb;
     MDB_stat est;
     bool data_exists = false, has_lock = false;
+    size_t made_len = 0;
     int dead = 0;
     int lrc;
     int rc = STORE_ENOMEM;
@@ -2441,7 +2485,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         if (rc != STORE_OK) {
             goto out;
         }
-        rc = make_dirs(opt->path, err, errlen);
+        rc = make_dirs(opt->path, &made_len, err, errlen);
         if (rc != STORE_OK) {
             goto out;
         }
@@ -2533,8 +2577,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (rc != STORE_OK) {
         goto out;
     }
-    if (!data_exists && !s->read_only) {
-        rc = sync_new_store(s, opt->path, err, errlen);
+    if (!s->read_only) {
+        rc = sync_at_open(s, opt->path, made_len, err, errlen);
         if (rc != STORE_OK) {
             goto out;
         }
