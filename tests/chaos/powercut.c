@@ -32,10 +32,17 @@
  *                     after its Nth unflushed write to the file, so the cut
  *                     lands inside a commit, between its page writes and
  *                     its flush
+ *   POWERCUT_KILL_AT_FLUSH  optional N: at the start of the Nth flush of the
+ *                     file the calling thread sleeps 30 ms (so whatever the
+ *                     other threads would send before that flush is sent)
+ *                     and then SIGKILLs the process
  *
- * Not modelled: a directory entry that was never flushed (LMDB does not fsync
- * the store's directory; the test's store exists before the run), and
- * writes through mmap (the store does not use MDB_WRITEMAP).
+ * The file's directory entry: "dir_flushed=1" in the stats once an fsync()
+ * of the file's directory has returned after the file was opened (POSIX
+ * wants that for a new file to survive; LMDB never does it). The test
+ * requires it; it does not model a file that vanished.
+ *
+ * Not modelled: writes through mmap (the store does not use MDB_WRITEMAP).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -54,11 +61,13 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_FDS 16
 
 struct pending {
+    unsigned long long seq; /* order of the writes, from 1 */
     off_t off;
     size_t len;
     unsigned char *data;
@@ -83,12 +92,15 @@ static struct {
     const char *stats_path;
     int image_fd;
     int pending_fd;
-    int fds[MAX_FDS]; /* descriptors open on the watched file, -1 free */
+    char dir[PATH_MAX];   /* the watched file's directory */
+    int fds[MAX_FDS];     /* descriptors open on the watched file, -1 free */
     int dsync[MAX_FDS];
+    int dir_fds[MAX_FDS]; /* descriptors open on its directory, -1 free */
+    int dir_flushed;
     struct pending *pend;
     size_t npend, cap;
     unsigned long long flushes, dsync_writes, applied_bytes;
-    unsigned long long writes, kill_at_write;
+    unsigned long long writes, kill_at_write, kill_at_flush, seq;
 } pc = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Any failure here would make the image wrong without anyone knowing: stop
@@ -169,13 +181,25 @@ static void init(void)
     if (getenv("POWERCUT_KILL_AT_WRITE") != NULL) {
         pc.kill_at_write = strtoull(getenv("POWERCUT_KILL_AT_WRITE"), NULL, 10);
     }
+    if (getenv("POWERCUT_KILL_AT_FLUSH") != NULL) {
+        pc.kill_at_flush = strtoull(getenv("POWERCUT_KILL_AT_FLUSH"), NULL, 10);
+    }
     pc.image_fd = -1;
     pc.pending_fd = -1;
     for (int i = 0; i < MAX_FDS; i++) {
         pc.fds[i] = -1;
+        pc.dir_fds[i] = -1;
     }
-    if (pc.file == NULL || pc.image_path == NULL || pc.pending_path == NULL) {
+    if (pc.file == NULL || pc.image_path == NULL || pc.pending_path == NULL ||
+        strlen(pc.file) >= sizeof(pc.dir) || strrchr(pc.file, '/') == NULL) {
         pc.file = NULL; /* nothing to watch */
+    } else {
+        size_t n = (size_t)(strrchr(pc.file, '/') - pc.file);
+        memcpy(pc.dir, pc.file, n);
+        pc.dir[n > 0 ? n : 1] = '\0';
+        if (n == 0) {
+            pc.dir[0] = '/';
+        }
     }
 }
 
@@ -220,14 +244,19 @@ static void open_image(int fd)
     write_stats();
 }
 
-static int slot_of(int fd)
+static int slot_in(const int *fds, int fd)
 {
     for (int i = 0; i < MAX_FDS; i++) {
-        if (pc.fds[i] == fd) {
+        if (fds[i] == fd) {
             return i;
         }
     }
     return -1;
+}
+
+static int slot_of(int fd)
+{
+    return slot_in(pc.fds, fd);
 }
 
 static int watched(int fd)
@@ -250,7 +279,21 @@ static void after_open(const char *path, int flags, int fd)
     if (pc.file == NULL || fd < 0) {
         return;
     }
-    if (realpath(path, abs) == NULL || strcmp(abs, pc.file) != 0) {
+    if (realpath(path, abs) == NULL) {
+        return;
+    }
+    if (strcmp(abs, pc.dir) == 0) {
+        pthread_mutex_lock(&pc.lock);
+        i = slot_in(pc.dir_fds, -1);
+        if (i < 0) {
+            errno = EMFILE;
+            die("too many descriptors on the watched file's directory");
+        }
+        pc.dir_fds[i] = fd;
+        pthread_mutex_unlock(&pc.lock);
+        return;
+    }
+    if (strcmp(abs, pc.file) != 0) {
         return;
     }
     pthread_mutex_lock(&pc.lock);
@@ -332,6 +375,7 @@ static void record(int slot, const void *buf, size_t len, off_t off)
         die("malloc");
     }
     memcpy(p->data, buf, len);
+    p->seq = ++pc.seq;
     p->off = off;
     p->len = len;
     pc.npend++;
@@ -350,8 +394,9 @@ static void write_stats(void)
     if (pc.stats_path == NULL) {
         return;
     }
-    n = snprintf(line, sizeof line, "flushes=%llu dsync_writes=%llu applied_bytes=%llu\n",
-                 pc.flushes, pc.dsync_writes, pc.applied_bytes);
+    n = snprintf(line, sizeof line,
+                 "flushes=%llu dsync_writes=%llu applied_bytes=%llu dir_flushed=%d\n",
+                 pc.flushes, pc.dsync_writes, pc.applied_bytes, pc.dir_flushed);
     if (n <= 0 || snprintf(tmp, sizeof tmp, "%s.tmp", pc.stats_path) >= (int)sizeof tmp) {
         die("the stats path");
     }
@@ -366,20 +411,26 @@ static void write_stats(void)
     }
 }
 
-/* A flush of the watched file returned: the first `upto` pending writes (the
- * ones that returned before it began) are on disk. */
-static void flushed(int fd, size_t upto)
+/* A flush of the watched file returned: the pending writes up to sequence
+ * number `upto` (the ones that returned before it began) are on disk. By
+ * number, not position, so that two flushes that overlap (two threads) each
+ * apply only what came before their own start. */
+static void flushed(int fd, unsigned long long upto)
 {
     struct stat st;
+    size_t kept = 0;
 
     pthread_mutex_lock(&pc.lock);
-    for (size_t i = 0; i < upto; i++) {
-        write_all(pc.image_fd, pc.pend[i].data, pc.pend[i].len, pc.pend[i].off);
-        pc.applied_bytes += pc.pend[i].len;
-        free(pc.pend[i].data);
+    for (size_t i = 0; i < pc.npend; i++) {
+        if (pc.pend[i].seq <= upto) {
+            write_all(pc.image_fd, pc.pend[i].data, pc.pend[i].len, pc.pend[i].off);
+            pc.applied_bytes += pc.pend[i].len;
+            free(pc.pend[i].data);
+        } else {
+            pc.pend[kept++] = pc.pend[i];
+        }
     }
-    memmove(pc.pend, pc.pend + upto, (pc.npend - upto) * sizeof *pc.pend);
-    pc.npend -= upto;
+    pc.npend = kept;
     /* The file's size is flushed too (posix_fallocate grows it ahead). */
     if (fstat(fd, &st) == 0) {
         struct stat ist;
@@ -399,15 +450,36 @@ static void flushed(int fd, size_t upto)
 
 static int do_flush(int (*fn)(int), int fd)
 {
-    size_t upto;
+    unsigned long long upto;
     int rc;
 
     setup();
+    if (pc.file != NULL && fd >= 0) {
+        pthread_mutex_lock(&pc.lock);
+        int dir = slot_in(pc.dir_fds, fd) >= 0;
+        pthread_mutex_unlock(&pc.lock);
+        if (dir) {
+            rc = fn(fd);
+            pthread_mutex_lock(&pc.lock);
+            if (rc == 0 && pc.image_fd >= 0 && !pc.dir_flushed) {
+                pc.dir_flushed = 1; /* the file was open, so its entry existed */
+                write_stats();
+            }
+            pthread_mutex_unlock(&pc.lock);
+            return rc;
+        }
+    }
     if (watched(fd) < 0) {
         return fn(fd);
     }
     pthread_mutex_lock(&pc.lock);
-    upto = pc.npend;
+    upto = pc.seq;
+    if (pc.kill_at_flush != 0 && pc.flushes + 1 == pc.kill_at_flush) {
+        pthread_mutex_unlock(&pc.lock);
+        struct timespec pause = {0, 30 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        raise(SIGKILL);
+    }
     pthread_mutex_unlock(&pc.lock);
     rc = fn(fd);
     if (rc == 0) {
@@ -476,6 +548,10 @@ int close(int fd)
         int i = slot_of(fd);
         if (i >= 0) {
             pc.fds[i] = -1;
+        }
+        i = slot_in(pc.dir_fds, fd);
+        if (i >= 0) {
+            pc.dir_fds[i] = -1;
         }
         pthread_mutex_unlock(&pc.lock);
     }

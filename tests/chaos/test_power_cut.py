@@ -11,11 +11,15 @@ The proxy runs under `libpowercut.so` (powercut.c, LD_PRELOAD), which keeps
 an image of the store's data.mdb holding only what was flushed: writes are
 copied into it when an fdatasync()/fsync() of the file returns, or at once
 when they went through an O_DSYNC descriptor. Eight clients send POSTs with
-new keys; at a random moment the proxy is SIGKILLed (every other round by the
-library itself, right after a random page write, so the cut falls inside a
-commit, between its writes and its flush). The image, plus a random
-half of the pages written but never flushed (a device may have written some
-of them before the power went), replaces data.mdb. Then:
+new keys, and the proxy is SIGKILLed, in turn: at a random moment; by the
+library right after a random page write, so the cut falls inside a commit,
+between its writes and its flush; or by the library 30 ms into a random
+flush, before it runs, so that whatever the proxy would answer before a
+flush has gone out (a proxy that answered, then flushed, loses those). The
+image, plus a random half of the pages written but never flushed (a device
+may have written some of them before the power went), replaces data.mdb.
+data.mdb's directory must have been flushed after the file was opened (else
+the file itself need not survive). Then:
 
   - `check-store` passes on it (LMDB's integrity with our write pattern);
   - the store is made to remember another boot (a power cut is a reboot), and
@@ -27,8 +31,8 @@ of them before the power went), replaces data.mdb. Then:
     otherwise run again, two runs at most.
 
 A control round runs the same with `durability: "interval"` (one flush per
-`sync_interval`, no O_DSYNC writes, and no unflushed page added) and must
-lose answered records: it shows that the test can tell a proxy that answers
+100 ms `sync_interval`, no O_DSYNC writes, and no unflushed page added) and
+must lose answered records: it shows that the test can tell a proxy that answers
 before its flush from one that does not.
 
 CI: 3 rounds and the control; long (CHAOS_LONG=1): 20; CHAOS_POWERCUT_ROUNDS
@@ -115,7 +119,8 @@ class PowerCut(harness.ProxyTestCase):
             t.start()
         return threads
 
-    def start_cut_proxy(self, tag, durability, sync_interval="500ms", kill_at_write=None):
+    def start_cut_proxy(self, tag, durability, sync_interval="100ms", kill_at_write=None,
+                        kill_at_flush=None):
         """A proxy on a new store under libpowercut.so. Returns (proxy, store
         path, image path, pending log path, stats path)."""
         store = os.path.join(self.workdir, "store-" + tag)
@@ -129,6 +134,8 @@ class PowerCut(harness.ProxyTestCase):
         env["POWERCUT_STATS"] = stats
         if kill_at_write:
             env["POWERCUT_KILL_AT_WRITE"] = str(kill_at_write)
+        if kill_at_flush:
+            env["POWERCUT_KILL_AT_FLUSH"] = str(kill_at_flush)
         # A sanitizer build wants its runtime first among the libraries.
         env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
                                                       "verify_asan_link_order=0"]))
@@ -140,24 +147,26 @@ class PowerCut(harness.ProxyTestCase):
         proxy.start()
         return proxy, store, image, pending, stats
 
-    def one_round(self, rnd, tag, durability, inside_commit=False):
-        """One cut. inside_commit: the library SIGKILLs the proxy right after
-        a random unflushed page write, so the cut falls between a commit's
-        writes and its flush; otherwise the test SIGKILLs it at a random
-        moment."""
-        kill_at = rnd.randint(200, 4000) if inside_commit else None
-        proxy, store, image, pending, stats = self.start_cut_proxy(tag, durability,
-                                                                   kill_at_write=kill_at)
+    def one_round(self, rnd, tag, durability, cut="random"):
+        """One cut: "random", the test SIGKILLs the proxy at a random moment;
+        "write", the library does, right after a random unflushed page write
+        (between a commit's writes and its flush); "flush", the library does,
+        30 ms into a random flush, before it (whatever the proxy would answer
+        before that flush has gone out by then)."""
+        kill_at_write = rnd.randint(200, 4000) if cut == "write" else None
+        kill_at_flush = rnd.randint(5, 300) if cut == "flush" else None
+        proxy, store, image, pending, stats = self.start_cut_proxy(
+            tag, durability, kill_at_write=kill_at_write, kill_at_flush=kill_at_flush)
 
         sent, answered, stop = set(), {}, threading.Event()
         threads = self.traffic(proxy, tag, rnd, sent, answered, stop)
-        if kill_at:
+        if cut != "random":
             try:
                 rc = proxy.proc.wait(timeout=60)
             finally:
                 proxy.killed = True
             self.assertEqual(rc, -9, "%s: the proxy exited with %r, not by the library's "
-                             "SIGKILL at write %d" % (tag, rc, kill_at))
+                             "SIGKILL" % (tag, rc))
         else:
             want = rnd.randint(150, 600)
             self.assertTrue(harness.wait_for(lambda: len(answered) >= want, timeout=60),
@@ -167,7 +176,11 @@ class PowerCut(harness.ProxyTestCase):
         stop.set()
         for t in threads:
             t.join(timeout=20)
+        self.assertFalse(any(t.is_alive() for t in threads), "%s: a client hung" % tag)
         cut_stats = read_stats(stats)
+        self.assertEqual(cut_stats["dir_flushed"], 1,
+                         "%s: data.mdb's directory was never flushed: after a power cut the "
+                         "file need not exist" % tag)
 
         # The disk after the cut: the image, and (sync rounds) a random half
         # of the pages that were written but not flushed.
@@ -194,6 +207,8 @@ class PowerCut(harness.ProxyTestCase):
         after = self.start_proxy(config=self.config(store={"path": store}),
                                  name="after-" + tag)
         ok = {k: v for (k, v) in answered.items() if v[0] == 201}
+        self.assertEqual([k for (k, v) in ok.items() if not v[1]], [],
+                         "%s: answers without a charge id" % tag)
         self.assertEqual(len(ok), len(answered),
                          "%s: answers other than 201 before the cut: %r" % (
                              tag, {k: v for (k, v) in answered.items() if v[0] != 201}))
@@ -257,9 +272,13 @@ class PowerCut(harness.ProxyTestCase):
         totals = {"answered": 0, "replayed": 0, "pages_applied": 0, "flushes": 0}
         keys, in_flight = set(), {}
         for i in range(ROUNDS):
-            r = self.one_round(rnd, "sync%d" % i, "sync", inside_commit=i % 2 == 1)
+            r = self.one_round(rnd, "sync%d" % i, "sync", cut=("random", "write", "flush")[i % 3])
             self.assertGreater(r["flushes"], 0, "the library saw no flush: is it preloaded?")
-            self.assertGreater(r["dsync_writes"], 0, "LMDB's meta page went out without O_DSYNC")
+            # Each durable commit: its pages flushed, then its meta page
+            # through O_DSYNC. The open's own flush of the file has no meta
+            # write after it.
+            self.assertLessEqual(r["flushes"] - r["dsync_writes"], 2,
+                                 "commits whose meta page skipped O_DSYNC: %r" % (r,))
             self.assertEqual(r["lost"], [], "round %d: answered before on disk (key, status "
                              "of the retry, replayed): %d of %d" % (i, len(r["lost"]),
                                                                      r["answered"]))
