@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,6 +282,29 @@ out:
     return rc;
 }
 
+/* The exit status after the store went dead (EX_TEMPFAIL, sysexits.h): a
+ * supervisor's "restart on failure" starts the proxy again, and the new
+ * process's open of the store is what brings it back. */
+#define EXIT_STORE_DEAD 75
+
+static atomic_bool store_dead;
+
+/* store_options.on_dead: LMDB refuses every transaction from here on (a
+ * commit's meta page could not be written: MDB_PANIC), reads included, so
+ * every request would get 503 until someone restarted the process. Stop
+ * now, as SIGTERM does (requests in flight are answered as the store lets
+ * them), and exit with EXIT_STORE_DEAD. */
+static void on_store_dead(void *ctx)
+{
+    (void)ctx;
+    atomic_store(&store_dead, true);
+    idem_diag("idemproxy: store: LMDB takes no more transactions after a commit it could not "
+              "finish (MDB_PANIC); stopping, exit status %d: start the proxy again (a "
+              "supervisor's restart on failure does) and it reopens the store",
+              EXIT_STORE_DEAD);
+    kill(getpid(), SIGTERM);
+}
+
 static int run(const char *config_path, const char *listen, const char *upstream,
                const char *store_path)
 {
@@ -312,6 +336,7 @@ static int run(const char *config_path, const char *listen, const char *upstream
             .map_size_bytes = cfg->store.map_size_bytes,
             .sync = cfg->store.durability == CONFIG_DURABILITY_SYNC,
             .clock = NULL,
+            .on_dead = on_store_dead,
         };
         struct store_stats stats = {0};
         if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
@@ -360,11 +385,14 @@ static int run(const char *config_path, const char *listen, const char *upstream
         ;
     /* Not fprintf: a stderr nobody reads must not hold up the exit. */
     idem_diag("idemproxy: %s: draining",
-              sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
+              sig == SIGINT                 ? "SIGINT"
+              : sig == SIGHUP               ? "SIGHUP"
+              : atomic_load(&store_dead)    ? "store dead"
+                                            : "SIGTERM");
     proxy_server_stop(srv);
     proxy_server_join(srv);
     idem_diag("idemproxy: stopped");
-    rc = 0;
+    rc = atomic_load(&store_dead) ? EXIT_STORE_DEAD : 0;
 out:
     store_close(st);
     config_free(cfg);

@@ -9,6 +9,7 @@
 #include "store_sha256.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,20 @@
 struct store {
     const struct store_ops *ops;
     void *impl;
+    void (*on_dead)(void *ctx);
+    void *on_dead_ctx;
+    atomic_bool dead; /* on_dead was called */
 };
+
+/* Every backend call's result passes here: the first STORE_EDEAD calls
+ * on_dead. */
+static int seen(struct store *st, int rc)
+{
+    if (rc == STORE_EDEAD && st->on_dead != NULL && !atomic_exchange(&st->dead, true)) {
+        st->on_dead(st->on_dead_ctx);
+    }
+    return rc;
+}
 
 const char *store_strerror(int err)
 {
@@ -43,6 +57,9 @@ const char *store_strerror(int err)
         break;
     case STORE_ELAYOUT:
         s = "the store was upgraded by a newer idemproxy; stop this process";
+        break;
+    case STORE_EDEAD:
+        s = "the store takes no more transactions until it is opened again";
         break;
     default:
         break;
@@ -170,6 +187,9 @@ int store_open(const struct store_ops *backend, const struct store_options *opt,
         goto out;
     }
     st->ops = backend != NULL ? backend : &store_lmdb_ops;
+    st->on_dead = opt->on_dead;
+    st->on_dead_ctx = opt->on_dead_ctx;
+    atomic_init(&st->dead, false);
     rc = st->ops->open(opt, &st->impl, err, errlen);
     if (rc != STORE_OK) {
         goto out;
@@ -251,15 +271,15 @@ int store_apply_purge(struct store *st, struct store_op *ops, size_t n, size_t m
     }
     rc = STORE_OK;
     if (max_purge > 0 && st->ops->apply_purge != NULL) {
-        rc = st->ops->apply_purge(st->impl, ops, n, max_purge, &purged_local, &more_local);
+        rc = seen(st, st->ops->apply_purge(st->impl, ops, n, max_purge, &purged_local, &more_local));
     } else {
         if (n > 0) {
-            rc = st->ops->apply(st->impl, ops, n);
+            rc = seen(st, st->ops->apply(st->impl, ops, n));
         }
         /* A backend without the shared form purges in a transaction of its
          * own; as there, a failing purge does not fail the ops. */
         if (rc == STORE_OK && max_purge > 0 &&
-            st->ops->purge(st->impl, max_purge, &purged_local, &more_local) != STORE_OK) {
+            seen(st, st->ops->purge(st->impl, max_purge, &purged_local, &more_local)) != STORE_OK) {
             purged_local = 0;
             more_local = false;
         }
@@ -278,7 +298,7 @@ int store_get(struct store *st, const uint8_t key[STORE_KEY_BYTES], struct store
 {
     int rc = STORE_EINVAL;
     if (st != NULL && key != NULL && out != NULL) {
-        rc = st->ops->get(st->impl, key, out);
+        rc = seen(st, st->ops->get(st->impl, key, out));
     }
     return rc;
 }
@@ -290,7 +310,7 @@ int store_purge(struct store *st, size_t max_records, size_t *purged, bool *more
     bool more_local = false;
 
     if (st != NULL && max_records > 0) {
-        rc = st->ops->purge(st->impl, max_records, &purged_local, &more_local);
+        rc = seen(st, st->ops->purge(st->impl, max_records, &purged_local, &more_local));
     }
     if (purged != NULL) {
         *purged = purged_local;
@@ -307,7 +327,7 @@ int store_reader_check(struct store *st, int *cleared)
     int cleared_local = 0;
 
     if (st != NULL) {
-        rc = st->ops->reader_check(st->impl, &cleared_local);
+        rc = seen(st, st->ops->reader_check(st->impl, &cleared_local));
     }
     if (cleared != NULL) {
         *cleared = cleared_local;
@@ -320,7 +340,7 @@ int store_stats(struct store *st, struct store_stats *out)
     int rc = STORE_EINVAL;
     if (st != NULL && out != NULL) {
         memset(out, 0, sizeof(*out));
-        rc = st->ops->stats(st->impl, out);
+        rc = seen(st, st->ops->stats(st->impl, out));
     }
     return rc;
 }
@@ -329,7 +349,7 @@ int store_scan(struct store *st, store_scan_fn fn, void *ctx)
 {
     int rc = STORE_EINVAL;
     if (st != NULL && fn != NULL) {
-        rc = st->ops->scan(st->impl, fn, NULL, ctx);
+        rc = seen(st, st->ops->scan(st->impl, fn, NULL, ctx));
     }
     return rc;
 }
@@ -338,7 +358,7 @@ int store_scan_all(struct store *st, store_scan_fn fn, store_scan_bad_fn bad, vo
 {
     int rc = STORE_EINVAL;
     if (st != NULL && fn != NULL && bad != NULL) {
-        rc = st->ops->scan(st->impl, fn, bad, ctx);
+        rc = seen(st, st->ops->scan(st->impl, fn, bad, ctx));
     }
     return rc;
 }
@@ -347,7 +367,7 @@ int store_sync(struct store *st)
 {
     int rc = STORE_EINVAL;
     if (st != NULL) {
-        rc = st->ops->sync(st->impl);
+        rc = seen(st, st->ops->sync(st->impl));
     }
     return rc;
 }

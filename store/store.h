@@ -62,6 +62,9 @@ enum store_error {
     STORE_EFULL = -5,    /* no room even after purging */
     STORE_ELAYOUT = -6,  /* a newer process raised the store's layout since this
                           * one opened it: this process can no longer write */
+    STORE_EDEAD = -7,    /* the backend takes no more transactions, reads or
+                          * writes, until the store is opened again (LMDB:
+                          * MDB_PANIC, after a commit's meta page write failed) */
 };
 
 const char *store_strerror(int err);
@@ -207,6 +210,11 @@ struct store_options {
     bool read_only;
     bool sync;               /* true: every commit is on disk when store_apply returns */
     const struct store_clock *clock; /* NULL: store_clock_realtime */
+    /* Optional: called once, on the thread whose call first returned
+     * STORE_EDEAD, so the process can stop and be started again (the only
+     * way back). It must not call into the store. */
+    void (*on_dead)(void *ctx);
+    void *on_dead_ctx;
 };
 
 struct store_stats {

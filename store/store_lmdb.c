@@ -250,6 +250,8 @@ static int map_err(int rc)
         e = STORE_EFULL;
     } else if (rc == ENOMEM) {
         e = STORE_ENOMEM;
+    } else if (rc == MDB_PANIC) {
+        e = STORE_EDEAD;
     }
     if (rc != 0) {
         last_cause = rc;
@@ -269,6 +271,9 @@ int store_last_cause(char *buf, size_t len)
         break;
     case MDB_TXN_FULL:
         what = "a transaction was too large";
+        break;
+    case MDB_PANIC:
+        what = "LMDB takes no more transactions after a commit it could not finish";
         break;
     case ENOSPC:
         what = "the file system is full";

@@ -32,6 +32,9 @@
  *                     after its Nth unflushed write to the file, so the cut
  *                     lands inside a commit, between its page writes and
  *                     its flush
+ *   POWERCUT_FAIL_DSYNC_AT  optional N: the Nth write through an O_DSYNC
+ *                     descriptor (LMDB's meta page) fails with EIO and writes
+ *                     nothing, as a failing device would
  *   POWERCUT_KILL_AT_FLUSH  optional N: at the start of the Nth flush of the
  *                     file the calling thread sleeps 30 ms (so whatever the
  *                     other threads would send before that flush is sent)
@@ -101,6 +104,7 @@ static struct {
     size_t npend, cap;
     unsigned long long flushes, dsync_writes, applied_bytes;
     unsigned long long writes, kill_at_write, kill_at_flush, seq;
+    unsigned long long dsync_calls, fail_dsync_at;
 } pc = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Any failure here would make the image wrong without anyone knowing: stop
@@ -180,6 +184,9 @@ static void init(void)
     pc.stats_path = getenv("POWERCUT_STATS");
     if (getenv("POWERCUT_KILL_AT_WRITE") != NULL) {
         pc.kill_at_write = strtoull(getenv("POWERCUT_KILL_AT_WRITE"), NULL, 10);
+    }
+    if (getenv("POWERCUT_FAIL_DSYNC_AT") != NULL) {
+        pc.fail_dsync_at = strtoull(getenv("POWERCUT_FAIL_DSYNC_AT"), NULL, 10);
     }
     if (getenv("POWERCUT_KILL_AT_FLUSH") != NULL) {
         pc.kill_at_flush = strtoull(getenv("POWERCUT_KILL_AT_FLUSH"), NULL, 10);
@@ -569,6 +576,11 @@ static ssize_t do_pwrite(ssize_t (*fn)(int, const void *, size_t, off_t), int fd
         return fn(fd, buf, len, off);
     }
     pthread_mutex_lock(&pc.lock);
+    if (pc.dsync[i] && pc.fail_dsync_at != 0 && ++pc.dsync_calls == pc.fail_dsync_at) {
+        pthread_mutex_unlock(&pc.lock);
+        errno = EIO;
+        return -1;
+    }
     w = fn(fd, buf, len, off);
     if (w > 0) {
         record(i, buf, (size_t)w, off);

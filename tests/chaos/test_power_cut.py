@@ -120,7 +120,7 @@ class PowerCut(harness.ProxyTestCase):
         return threads
 
     def start_cut_proxy(self, tag, durability, sync_interval="100ms", kill_at_write=None,
-                        kill_at_flush=None):
+                        kill_at_flush=None, fail_dsync_at=None):
         """A proxy on a new store under libpowercut.so. Returns (proxy, store
         path, image path, pending log path, stats path)."""
         store = os.path.join(self.workdir, "store-" + tag)
@@ -136,6 +136,8 @@ class PowerCut(harness.ProxyTestCase):
             env["POWERCUT_KILL_AT_WRITE"] = str(kill_at_write)
         if kill_at_flush:
             env["POWERCUT_KILL_AT_FLUSH"] = str(kill_at_flush)
+        if fail_dsync_at:
+            env["POWERCUT_FAIL_DSYNC_AT"] = str(fail_dsync_at)
         # A sanitizer build wants its runtime first among the libraries.
         env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
                                                       "verify_asan_link_order=0"]))
@@ -262,6 +264,71 @@ class PowerCut(harness.ProxyTestCase):
         # Answered, never flushed ("interval"): it runs again, as that
         # durability allows.
         self.assertEqual(self.post(after, "new-store-key").status, 201)
+
+    def test_a_failed_meta_write_stops_the_proxy_and_a_restart_recovers(self):
+        """A commit whose meta page cannot be written (EIO) leaves LMDB
+        refusing every transaction, reads too (MDB_PANIC), until the store is
+        opened again. The proxy used to stay up answering 503 to everything
+        until someone restarted it; now it stops with exit status 75, and a
+        new process on the same store picks up where it left off:
+          - a key answered 201 and stored replays;
+          - a key answered 503 (its acquire failed: nothing forwarded) runs
+            once when retried;
+          - a key whose action ran but whose result the failed commit did not
+            store (the access log's "unstored", answered with the upstream's
+            201) is an unknown outcome, as after a crash: while its lease
+            lasts a retry gets 409, after it the route's on_unknown
+            ("release") lets it run again; it never replays something else."""
+        rnd = chaoslib.rng(TEST + "_meta_eio")
+        proxy, store, _, _, _ = self.start_cut_proxy("eio", "sync",
+                                                     fail_dsync_at=rnd.randint(8, 40))
+        answers = {}
+        for n in range(200):
+            key = "eio-%d" % n
+            try:
+                resp = self.post(proxy, key, timeout=5)
+            except (harness.ConnectionClosed, OSError):
+                break
+            answers[key] = resp
+            if resp.status != 201:
+                self.assertProblem(resp, 503)
+        rc = proxy.proc.wait(timeout=30)
+        proxy.stop_called = True
+        self.assertEqual(rc, 75, "exit status after the failed meta write (stderr: %s)"
+                         % proxy.stderr()[-2000:])
+        self.assertIn("MDB_PANIC", proxy.stderr())
+        outcome = {line["key"]: line["outcome"] for line in chaoslib.access_log(proxy)}
+        stored, unstored, refused = [], [], []
+        for key, resp in answers.items():
+            o = outcome.get(chaoslib.record_key("payments", key)[:8])
+            if resp.status == 503:
+                refused.append(key)
+            elif o == "unstored":
+                unstored.append(key)
+            else:
+                self.assertEqual((resp.status, o), (201, "forwarded"), key)
+                stored.append(key)
+        self.assertTrue(stored, "nothing was stored before the failure")
+        self.assertLessEqual(len(unstored), 1, unstored)  # one commit failed, one request at a time
+
+        check = chaoslib.check_store(store)
+        self.assertTrue(check.ok, "check-store after MDB_PANIC: %r" % (check,))
+        after = self.start_proxy(config=self.config(store={"path": store}), name="after-eio")
+        for key in stored:
+            retry = self.post(after, key)
+            self.assertEqual((retry.status, retry.replayed, retry.charge_id),
+                             (201, True, answers[key].charge_id), key)
+            self.assertEqual(self.upstream.count(key), 1, key)
+        for key in refused:
+            self.assertEqual(self.post(after, key).status, 201, key)
+            self.assertEqual(self.upstream.count(key), 1, key)
+        for key in unstored:
+            retry = self.post(after, key)
+            self.assertIn(retry.status, (201, 409), retry)
+            self.assertFalse(retry.replayed, retry)
+            self.assertLessEqual(self.upstream.count(key), 2, key)
+        chaoslib.figure(TEST + "_meta_eio", stored=len(stored), unstored=len(unstored),
+                        refused_503=len(refused), exit_status=rc)
 
     def test_answered_records_survive_a_power_cut(self):
         rnd = chaoslib.rng(TEST)

@@ -3092,6 +3092,89 @@ static void test_names(void **state)
     assert_string_equal(store_strerror(-99), "unknown store error");
 }
 
+/* A backend whose every call after open answers STORE_EDEAD, as LMDB's does
+ * after MDB_PANIC: on_dead must be called once, from whichever call sees it
+ * first, and the calls still return the error. */
+static int dead_open(const struct store_options *opt, void **impl, char *err, size_t errlen)
+{
+    (void)opt;
+    (void)err;
+    (void)errlen;
+    *impl = NULL;
+    return STORE_OK;
+}
+static void dead_close(void *impl)
+{
+    (void)impl;
+}
+static int dead_apply(void *impl, struct store_op *ops, size_t n)
+{
+    (void)impl;
+    (void)ops;
+    (void)n;
+    return STORE_EDEAD;
+}
+static int dead_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
+{
+    (void)impl;
+    (void)key;
+    (void)out;
+    return STORE_EDEAD;
+}
+static int dead_purge(void *impl, size_t max, size_t *purged, bool *more)
+{
+    (void)impl;
+    (void)max;
+    *purged = 0;
+    *more = false;
+    return STORE_EDEAD;
+}
+static int dead_sync(void *impl)
+{
+    (void)impl;
+    return STORE_EDEAD;
+}
+
+static void count_dead(void *ctx)
+{
+    (*(int *)ctx)++;
+}
+
+static void test_on_dead_called_once(void **state)
+{
+    static const struct store_ops dead_ops = {
+        .name = "dead",
+        .open = dead_open,
+        .close = dead_close,
+        .apply = dead_apply,
+        .get = dead_get,
+        .purge = dead_purge,
+        .sync = dead_sync,
+    };
+    int calls = 0;
+    struct store_options opt = {.path = "unused", .on_dead = count_dead, .on_dead_ctx = &calls};
+    struct store *st = NULL;
+    struct store_record rec;
+    uint8_t key[STORE_KEY_BYTES] = {1};
+    uint8_t fp[STORE_FINGERPRINT_BYTES] = {2};
+    struct store_op op = {.kind = STORE_OP_ACQUIRE, .lease_ms = 1000, .ttl_ms = 1000};
+    char err[256];
+
+    (void)state;
+    memcpy(op.key, key, sizeof(key));
+    memcpy(op.fingerprint, fp, sizeof(fp));
+    assert_int_equal(store_open(&dead_ops, &opt, &st, err, sizeof(err)), STORE_OK);
+    assert_int_equal(calls, 0);
+    assert_int_equal(store_get(st, key, &rec), STORE_EDEAD);
+    assert_int_equal(calls, 1);
+    assert_int_equal(store_apply(st, &op, 1), STORE_EDEAD);
+    assert_int_equal(store_sync(st), STORE_EDEAD);
+    assert_int_equal(calls, 1);
+    assert_string_equal(store_strerror(STORE_EDEAD),
+                        "the store takes no more transactions until it is opened again");
+    store_close(st);
+}
+
 /* The file systems a store is refused on (check_file_system in
  * store_lmdb.c), by statfs()'s f_type, and the local ones it is not. */
 static void test_shared_fs_names(void **state)
@@ -3191,6 +3274,7 @@ int main(void)
         cmocka_unit_test(test_record_decode_mutants),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_shared_fs_names),
+        cmocka_unit_test(test_on_dead_called_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
