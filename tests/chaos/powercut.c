@@ -23,7 +23,8 @@
  * Environment:
  *   POWERCUT_FILE     absolute path of the watched file (the store's data.mdb)
  *   POWERCUT_IMAGE    path of the image (created; an existing watched file is
- *                     copied into it first, as flushed)
+ *                     copied into it first, as flushed). Several processes on
+ *                     one store share it (see open_image)
  *   POWERCUT_PENDING  path of the pending log: records "PCW1", offset (8
  *                     bytes, little endian), length (8), then the bytes
  *   POWERCUT_STATS    optional: rewritten after every flush with
@@ -218,7 +219,11 @@ static void setup(void)
 }
 
 /* Opens the image and the pending log the first time the watched file is
- * opened; an existing file is taken as flushed. Called with the lock held. */
+ * opened. The first process creates the image, taking an existing file as
+ * flushed; another process on the same store (same POWERCUT_IMAGE, its own
+ * pending log) keeps the image as it is. That is exact for LMDB: a commit's
+ * writes and its flush are made by one process, under the writer lock.
+ * Called with the lock held. */
 static void open_image(int fd)
 {
     struct stat st;
@@ -228,9 +233,17 @@ static void open_image(int fd)
     if (pc.image_fd >= 0) {
         return;
     }
-    pc.image_fd = pc.open(pc.image_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     pc.pending_fd = pc.open(pc.pending_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
                             0600);
+    pc.image_fd = pc.open(pc.image_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (pc.image_fd < 0 && errno == EEXIST) {
+        pc.image_fd = pc.open(pc.image_path, O_RDWR | O_CLOEXEC);
+        if (pc.image_fd < 0 || pc.pending_fd < 0) {
+            die("opening the image");
+        }
+        write_stats();
+        return;
+    }
     if (pc.image_fd < 0 || pc.pending_fd < 0) {
         die("opening the image");
     }

@@ -120,12 +120,17 @@ class PowerCut(harness.ProxyTestCase):
         return threads
 
     def start_cut_proxy(self, tag, durability, sync_interval="100ms", kill_at_write=None,
-                        kill_at_flush=None, fail_dsync_at=None):
-        """A proxy on a new store under libpowercut.so. Returns (proxy, store
-        path, image path, pending log path, stats path)."""
+                        kill_at_flush=None, fail_dsync_at=None, second=False):
+        """A proxy on a new store under libpowercut.so; second=True: another
+        process on the store of `tag` (sharing its image, with a pending log
+        and stats of its own). Returns (proxy, store path, image path, pending
+        log path, stats path)."""
         store = os.path.join(self.workdir, "store-" + tag)
-        os.makedirs(store)
-        image, pending, stats = store + ".image", store + ".pending", store + ".stats"
+        if not second:
+            os.makedirs(store)
+        image = store + ".image"
+        pending, stats = (store + ".2.pending", store + ".2.stats") if second else (
+            store + ".pending", store + ".stats")
         env = dict(os.environ)
         env["LD_PRELOAD"] = " ".join(filter(None, [library(), env.get("LD_PRELOAD")]))
         env["POWERCUT_FILE"] = os.path.realpath(os.path.join(store, "data.mdb"))
@@ -144,7 +149,8 @@ class PowerCut(harness.ProxyTestCase):
         st = {"path": store, "durability": durability}
         if durability == "interval":
             st["sync_interval"] = sync_interval
-        proxy = harness.Proxy(self.workdir, self.config(store=st), "cut-" + tag, env=env)
+        proxy = harness.Proxy(self.workdir, self.config(store=st),
+                              "cut-" + tag + ("-2" if second else ""), env=env)
         self.proxies.append(proxy)
         proxy.start()
         return proxy, store, image, pending, stats
@@ -329,6 +335,79 @@ class PowerCut(harness.ProxyTestCase):
             self.assertLessEqual(self.upstream.count(key), 2, key)
         chaoslib.figure(TEST + "_meta_eio", stored=len(stored), unstored=len(unstored),
                         refused_503=len(refused), exit_status=rc)
+
+    def test_two_processes_on_one_store_through_a_power_cut(self):
+        """Two proxies share one store (as two workers of a service would),
+        each under the library with the image shared and a pending log of
+        its own; half the clients go to each. Both are cut at once, and the
+        same checks as for one process hold: check-store passes, every
+        answered key replays and ran once, a key in flight runs at once. Here
+        the writer lock moves between processes from commit to commit."""
+        rnd = chaoslib.rng(TEST + "_two")
+        rounds = max(1, ROUNDS // 2)
+        answered_total = in_flight_total = 0
+        answered_keys = set()
+        for i in range(rounds):
+            tag = "two%d" % i
+            p1, store, image, pend1, stats1 = self.start_cut_proxy(tag, "sync")
+            p2, _, _, pend2, stats2 = self.start_cut_proxy(tag, "sync", second=True)
+            sent, answered, stop = set(), {}, threading.Event()
+            threads = (self.traffic(p1, tag + "a", rnd, sent, answered, stop) +
+                       self.traffic(p2, tag + "b", rnd, sent, answered, stop))
+            want = rnd.randint(200, 800)
+            self.assertTrue(harness.wait_for(lambda: len(answered) >= want, timeout=60),
+                            "%s: %d answers of %d in 60 s" % (tag, len(answered), want))
+            time.sleep(rnd.uniform(0, 0.3))
+            for p in (p1, p2):  # one power supply
+                p.killed = True
+                p.proc.send_signal(9)
+            for p in (p1, p2):
+                p.proc.wait()
+            stop.set()
+            for t in threads:
+                t.join(timeout=20)
+            self.assertFalse(any(t.is_alive() for t in threads), "%s: a client hung" % tag)
+            for st in (stats1, stats2):
+                self.assertEqual(read_stats(st)["dir_flushed"], 1, st)
+                self.assertGreater(read_stats(st)["flushes"], 1, "%s: no commit of its own" % st)
+            with open(image, "r+b") as disk:
+                for pend in (pend1, pend2):
+                    for off, data in pending_writes(pend):
+                        for pg in range(0, len(data), PAGE):
+                            if rnd.random() < 0.5:
+                                disk.seek(off + pg)
+                                disk.write(data[pg:pg + PAGE])
+            shutil.copyfile(image, os.path.join(store, "data.mdb"))
+            check = chaoslib.check_store(store)
+            self.assertTrue(check.ok, "%s: check-store after the power cut: %r" % (tag, check))
+            harness.forget_boot(store)
+            after = self.start_proxy(config=self.config(store={"path": store}),
+                                     name="after-" + tag)
+            with after.conn() as conn:
+                for key, (status, charge) in sorted(answered.items()):
+                    self.assertEqual(status, 201, key)
+                    retry = conn.request("POST", "/v1/payments",
+                                         [("Content-Type", "application/json"),
+                                          ("Idempotency-Key", key)], harness.PAYMENT_BODY)
+                    self.assertEqual((retry.status, retry.replayed, retry.charge_id),
+                                     (201, True, charge), "%s: answered before the cut" % key)
+                for key in sorted(sent - set(answered)):
+                    retry = conn.request("POST", "/v1/payments",
+                                         [("Content-Type", "application/json"),
+                                          ("Idempotency-Key", key)], harness.PAYMENT_BODY)
+                    self.assertEqual(retry.status, 201, "%s: in flight: %r" % (key, retry))
+            after.stop()
+            answered_total += len(answered)
+            answered_keys |= set(answered)
+            in_flight_total += len(sent - set(answered))
+        execs = {}
+        for e in chaoslib.execution_log(self.upstream):
+            execs[e["key"]] = execs.get(e["key"], 0) + 1
+        self.assertEqual(sorted(k for (k, n) in execs.items() if n > 2), [])
+        self.assertEqual(sorted(k for k in answered_keys if execs.get(k) != 1), [],
+                         "answered keys the upstream ran other than once")
+        chaoslib.figure(TEST + "_two", rounds=rounds, answered=answered_total,
+                        in_flight=in_flight_total)
 
     def test_answered_records_survive_a_power_cut(self):
         rnd = chaoslib.rng(TEST)
