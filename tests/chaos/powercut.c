@@ -510,17 +510,25 @@ static int do_flush(int (*fn)(int), int fd)
 
 /* The interposed functions. */
 
+/* open()'s third argument is there only when the flags ask for one (glibc's
+ * __OPEN_NEEDS_MODE: O_TMPFILE holds O_DIRECTORY's bit, so it is compared
+ * whole). */
+#define OPEN_MODE(flags, mode)                                                              \
+    do {                                                                                    \
+        if (((flags) & O_CREAT) != 0 || ((flags) & O_TMPFILE) == O_TMPFILE) {               \
+            va_list ap;                                                                     \
+            va_start(ap, flags);                                                            \
+            (mode) = (mode_t)va_arg(ap, int);                                               \
+            va_end(ap);                                                                     \
+        }                                                                                   \
+    } while (0)
+
 int open(const char *path, int flags, ...)
 {
     mode_t mode = 0;
     int fd;
     setup();
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    OPEN_MODE(flags, mode);
     fd = pc.open(path, flags, mode);
     after_open(path, flags, fd);
     return fd;
@@ -531,12 +539,7 @@ int open64(const char *path, int flags, ...)
     mode_t mode = 0;
     int fd;
     setup();
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    OPEN_MODE(flags, mode);
     fd = pc.open64(path, flags, mode);
     after_open(path, flags, fd);
     return fd;
@@ -547,12 +550,7 @@ int openat(int dirfd, const char *path, int flags, ...)
     mode_t mode = 0;
     int fd;
     setup();
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    OPEN_MODE(flags, mode);
     fd = pc.openat(dirfd, path, flags, mode);
     if (path[0] == '/' || dirfd == AT_FDCWD) {
         after_open(path, flags, fd);
