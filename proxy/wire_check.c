@@ -7,6 +7,8 @@
 #undef _FORTIFY_SOURCE
 #include "wire_check.h"
 
+#include "policy.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -315,21 +317,10 @@ static void head_line(struct wire_check *wc)
     new_line(wc);
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* One byte of a chunk-size line, not a line end. */
 static void csize_byte(struct wire_check *wc, char c)
 {
-    int h = hex_value(c);
+    int h = idem_hex_value(c);
 
     switch (wc->csize_phase) {
     case 0:
