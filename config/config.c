@@ -701,6 +701,8 @@ static int parse_store(json_t *v, struct config_store *st, struct errbuf *e)
             rc = get_duration(val, field, &st->sync_interval_ms, e);
         } else if (strcmp(key, "purge_interval") == 0) {
             rc = get_duration(val, field, &st->purge_interval_ms, e);
+        } else if (strcmp(key, "require_local_fs") == 0) {
+            rc = get_bool(val, field, &st->require_local_fs, e);
         } else {
             rc = unknown_key(e, "store", key);
         }
@@ -1082,6 +1084,7 @@ static int config_alloc(struct config **out, struct errbuf *e)
     cfg->store.durability = CONFIG_DURABILITY_SYNC;
     cfg->store.sync_interval_ms = 1000;
     cfg->store.purge_interval_ms = 60 * 1000;
+    cfg->store.require_local_fs = true;
     cfg->server.workers = 0;
     cfg->server.max_connections = 4096;
     cfg->server.per_ip_connections = 256;

@@ -75,6 +75,7 @@ struct config_store {
     enum config_durability durability;
     int64_t sync_interval_ms;
     int64_t purge_interval_ms;
+    bool require_local_fs; /* false: start on NFS, FUSE, ... too (a warning) */
 };
 
 /* Server limits (libmicrohttpd and the drain on shutdown). */

@@ -172,6 +172,7 @@ static json_t *document(const struct config *cfg)
             &ok);
         put(st, "sync_interval", duration(cfg->store.sync_interval_ms), &ok);
         put(st, "purge_interval", duration(cfg->store.purge_interval_ms), &ok);
+        put(st, "require_local_fs", json_boolean(cfg->store.require_local_fs), &ok);
     }
     put(root, "store", st, &ok);
 

@@ -335,6 +335,7 @@ static int run(const char *config_path, const char *listen, const char *upstream
             .path = cfg->store.path,
             .map_size_bytes = cfg->store.map_size_bytes,
             .sync = cfg->store.durability == CONFIG_DURABILITY_SYNC,
+            .allow_shared_fs = !cfg->store.require_local_fs,
             .clock = NULL,
             .on_dead = on_store_dead,
         };
@@ -347,6 +348,13 @@ static int run(const char *config_path, const char *listen, const char *upstream
         /* A map_size below what the store already holds (lowered at a
          * restart) is raised by LMDB to the data's size: the map is full
          * from the start, and every new key would get 503 with no word why. */
+        if (store_stats(st, &stats) == 0 && stats.shared_fs != NULL)
+            fprintf(stderr,
+                    "idemproxy: store: warning: %s is on %s, where LMDB's locks and memory map "
+                    "work only among the processes of one host; store.require_local_fs is "
+                    "false, so it is used anyway: if another host opens it, the same key can "
+                    "run twice\n",
+                    cfg->store.path, stats.shared_fs);
         if (store_stats(st, &stats) == 0 && so.map_size_bytes > 0 &&
             stats.map_size_bytes > so.map_size_bytes)
             fprintf(stderr,

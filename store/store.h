@@ -209,6 +209,11 @@ struct store_options {
      * store. Only the read calls (get, stats, scan, reader_check) work. */
     bool read_only;
     bool sync;               /* true: every commit is on disk when store_apply returns */
+    /* Opens a store for writing on a file system store_open() would refuse
+     * (NFS, FUSE, ...: see store_shared_fs_name()), for the operator who
+     * knows only processes of one host ever open it. store_stats() names
+     * the file system, so the caller can say so. */
+    bool allow_shared_fs;
     const struct store_clock *clock; /* NULL: store_clock_realtime */
     /* Optional: called once, on the thread whose call first returned
      * STORE_EDEAD, so the process can stop and be started again (the only
@@ -227,6 +232,10 @@ struct store_stats {
     /* Reader slots of dead processes cleared when this handle opened the
      * store (store_reader_check() reports later ones). */
     uint64_t stale_readers_cleared_at_open;
+    /* The file system the store was opened on for writing when it is one
+     * store_open() refuses unless allow_shared_fs ("FUSE", "NFS", ...);
+     * NULL on a local one, and for a read-only open. */
+    const char *shared_fs;
     /* Which clock the stored leases were on when this handle opened the
      * store. A writable open puts them on this process's (settling them);
      * a read-only one (check-store) leaves them as found. */

@@ -159,6 +159,7 @@ struct lmdb_store {
     size_t pool_len;
 
     bool read_only;           /* opened with store_options.read_only */
+    const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
     enum store_lease_clock lease_clock; /* as found at open (store_stats) */
 
@@ -1778,6 +1779,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->commits = atomic_load(&s->commits);
     out->ops_committed = atomic_load(&s->ops_committed);
     out->purge_sweeps = atomic_load(&s->sweeps);
+    out->shared_fs = s->shared_fs;
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     out->stale_readers_cleared_at_open = s->readers_cleared;
@@ -1893,10 +1895,13 @@ static int lmdb_sync(void *impl)
 /* A store is kept only on a file system LMDB works on (store_shared_fs_name):
  * on NFS, say, two hosts that mount one volume would each take LMDB's writer
  * lock and run the same key twice, and a store's map would not stay
- * coherent. Refused at start, by name, rather than found out later. Fault
+ * coherent. Refused at start, by name, rather than found out later, unless
+ * the caller allows it (store_options.allow_shared_fs: one host's processes
+ * on a FUSE or virtiofs mount work); *shared names it either way. Fault
  * builds take the type from IDEM_FAULT_FS_TYPE (tests/faults), since no
  * test can mount a network file system here. */
-static int check_file_system(const char *path, char *err, size_t errlen)
+static int check_file_system(const char *path, bool allow, const char **shared, char *err,
+                             size_t errlen)
 {
     char at[4096];
     struct statfs fs;
@@ -1933,12 +1938,14 @@ static int check_file_system(const char *path, char *err, size_t errlen)
     }
 #endif
     name = store_shared_fs_name(type);
-    if (name != NULL) {
+    *shared = name;
+    if (name != NULL && !allow) {
         snprintf(err, errlen,
                  "store: %s is on %s (file system type 0x%lx); LMDB needs a local file system: its "
                  "locks and memory map do not work across hosts or through a network file "
                  "system, and two hosts would each run the same key. Put store.path on a "
-                 "local disk",
+                 "local disk (or, if only processes of this one host ever open it, set "
+                 "store.require_local_fs to false)",
                  path, name, type & 0xFFFFFFFFul);
         return STORE_EINVAL;
     }
@@ -2486,7 +2493,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     /* A read-only look (check-store) is allowed anywhere: it takes no lock
      * a writer needs, and it may be how someone finds out what is there. */
     if (!s->read_only) {
-        rc = check_file_system(opt->path, err, errlen);
+        rc = check_file_system(opt->path, opt->allow_shared_fs, &s->shared_fs, err, errlen);
         if (rc != STORE_OK) {
             goto out;
         }

@@ -52,6 +52,7 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertEqual(route["fingerprint"], "auto")
         self.assertEqual([h.lower() for h in route["strip_headers"]], ["set-cookie"])
         self.assertIn("path", eff["store"])
+        self.assertIs(eff["store"]["require_local_fs"], True)
 
     def test_check_config_names_the_bad_field(self):
         base = {"upstream": "http://127.0.0.1:9"}
@@ -72,6 +73,7 @@ class CliAndConfig(harness.ProxyTestCase):
         self.check_invalid(dict(base, bogus=1), "bogus")
         self.check_invalid(dict(base, routes=[{"path": "/p", "colour": "red"}]), "colour")
         self.check_invalid(dict(base, store={"map_size": "big"}), "store.map_size")
+        self.check_invalid(dict(base, store={"require_local_fs": "no"}), "store.require_local_fs")
         self.check_invalid({"upstream": 42}, "upstream")
         self.check_invalid("{ not json", "")
 

@@ -49,8 +49,36 @@ class SharedFileSystemRefused(harness.ProxyTestCase):
             self.assertNotEqual(p.returncode, 0, "%s: started (%s)" % (name, err))
             self.assertIn("is on %s (file system type" % name, err)
             self.assertIn("Put store.path on a local disk", err)
+            self.assertIn("set store.require_local_fs to false", err)
             # Refused before anything was created in it.
             self.assertFalse(os.path.exists(os.path.join(self.store_path, "data.mdb")), name)
+
+    def test_require_local_fs_false_starts_there_and_says_so(self):
+        # The operator's way out, for a store only this host's processes open
+        # (a FUSE or virtiofs mount in a VM or a container): it starts, works,
+        # and warns once at start, naming the file system.
+        cfg = self.config(store={"require_local_fs": False})
+        q = harness.Proxy(self.workdir, cfg, "fuse", env=dict(os.environ,
+                                                            IDEM_FAULT_FS_TYPE="0x65735546"))
+        self.proxies.append(q)
+        q.start()
+        first = self.post(q, "k1")
+        self.assertEqual(first.status, 201)
+        again = self.post(q, "k1")
+        self.assertEqual(again.status, 201)
+        self.assertEqual(again.header("Idempotent-Replayed"), "true")
+        self.assertEqual(self.upstream.count("k1"), 1)
+        err = q.stderr()
+        self.assertIn("warning: %s is on FUSE" % self.store_path, err)
+        self.assertIn("if another host opens it, the same key can run twice", err)
+        q.stop()
+        # On a local file system the setting changes nothing and says nothing.
+        r = harness.Proxy(self.workdir, cfg, "local-too")
+        self.proxies.append(r)
+        r.start()
+        self.assertEqual(self.post(r, "k1").header("Idempotent-Replayed"), "true")
+        r.stop()
+        self.assertNotIn("warning", r.stderr())
 
     def test_a_local_file_system_starts_and_check_store_reads_anywhere(self):
         here = subprocess.run(["stat", "-f", "-c", "0x%t", self.workdir], capture_output=True,

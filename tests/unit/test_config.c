@@ -344,6 +344,7 @@ static void test_new_default(void **state)
     assert_int_equal(cfg->store.durability, CONFIG_DURABILITY_SYNC);
     assert_int_equal(cfg->store.sync_interval_ms, 1000);
     assert_int_equal(cfg->store.purge_interval_ms, 60000);
+    assert_true(cfg->store.require_local_fs);
     assert_int_equal(cfg->server.workers, 0);
     assert_int_equal(cfg->server.max_connections, 4096);
     assert_int_equal(cfg->server.per_ip_connections, 256);
@@ -648,6 +649,7 @@ static void assert_configs_equal(const struct config *a, const struct config *b)
     assert_int_equal(a->store.durability, b->store.durability);
     assert_int_equal(a->store.sync_interval_ms, b->store.sync_interval_ms);
     assert_int_equal(a->store.purge_interval_ms, b->store.purge_interval_ms);
+    assert_int_equal(a->store.require_local_fs, b->store.require_local_fs);
     assert_int_equal(a->server.workers, b->server.workers);
     assert_int_equal(a->server.max_connections, b->server.max_connections);
     assert_int_equal(a->server.per_ip_connections, b->server.per_ip_connections);
@@ -688,7 +690,8 @@ static void test_dump_round_trip(void **state)
         " \"upstream\": {\"url\": \"http://api:80/base/\", \"connect_timeout\": 0.25,"
         "   \"timeout\": \"1.5m\", \"max_response\": 5000},"
         " \"store\": {\"path\": \"/var/lib/idem\", \"map_size\": \"1.5GiB\","
-        "   \"durability\": \"interval\", \"sync_interval\": \"10ms\", \"purge_interval\": 7},"
+        "   \"durability\": \"interval\", \"sync_interval\": \"10ms\", \"purge_interval\": 7,"
+        "   \"require_local_fs\": false},"
         " \"server\": {\"workers\": 3, \"max_connections\": 7, \"per_ip_connections\": 0,"
         "   \"client_timeout\": \"1001ms\", \"header_memory\": 5000, \"drain_timeout\": 0},"
         " \"access_log\": false,"
