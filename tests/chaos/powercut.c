@@ -41,6 +41,15 @@
  *                     other threads would send before that flush is sent)
  *                     and then SIGKILLs the process
  *
+ *   POWERCUT_DIRLOG   optional: every directory the process flushes (an
+ *                     fsync() or fdatasync() of a directory that returned 0)
+ *                     is appended to this file, its path and a newline.
+ *                     Works without POWERCUT_FILE too
+ *   POWERCUT_DIR_FSYNC_ERRNO  optional N: every flush of a directory fails
+ *                     with errno N and flushes nothing, as on a file system
+ *                     that does not flush directories (EINVAL) or a failing
+ *                     device (EIO)
+ *
  * The file's directory entry: "dir_flushed=1" in the stats once an fsync()
  * of the file's directory has returned after the file was opened (POSIX
  * wants that for a new file to survive; LMDB never does it). The test
@@ -106,6 +115,8 @@ static struct {
     unsigned long long flushes, dsync_writes, applied_bytes;
     unsigned long long writes, kill_at_write, kill_at_flush, seq;
     unsigned long long dsync_calls, fail_dsync_at;
+    const char *dirlog_path;
+    int dir_fsync_errno;
 } pc = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Any failure here would make the image wrong without anyone knowing: stop
@@ -191,6 +202,10 @@ static void init(void)
     }
     if (getenv("POWERCUT_KILL_AT_FLUSH") != NULL) {
         pc.kill_at_flush = strtoull(getenv("POWERCUT_KILL_AT_FLUSH"), NULL, 10);
+    }
+    pc.dirlog_path = getenv("POWERCUT_DIRLOG");
+    if (getenv("POWERCUT_DIR_FSYNC_ERRNO") != NULL) {
+        pc.dir_fsync_errno = atoi(getenv("POWERCUT_DIR_FSYNC_ERRNO"));
     }
     pc.image_fd = -1;
     pc.pending_fd = -1;
@@ -468,9 +483,42 @@ static void flushed(int fd, unsigned long long upto)
     pthread_mutex_unlock(&pc.lock);
 }
 
+/* A flush of any directory: failed on request (POWERCUT_DIR_FSYNC_ERRNO),
+ * logged when it returns 0 (POWERCUT_DIRLOG). */
+static int dir_flush(int (*fn)(int), int fd)
+{
+    char link[64], path[PATH_MAX + 1];
+    ssize_t n;
+    int rc;
+
+    if (pc.dir_fsync_errno != 0) {
+        errno = pc.dir_fsync_errno;
+        return -1;
+    }
+    rc = fn(fd);
+    if (rc != 0 || pc.dirlog_path == NULL) {
+        return rc;
+    }
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, path, PATH_MAX);
+    if (n <= 0) {
+        die("reading a flushed directory's path");
+    }
+    path[n++] = '\n';
+    pthread_mutex_lock(&pc.lock);
+    int log = pc.open(pc.dirlog_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (log < 0 || pc.write(log, path, (size_t)n) != n) {
+        die("writing the directory log");
+    }
+    pc.close(log);
+    pthread_mutex_unlock(&pc.lock);
+    return rc;
+}
+
 static int do_flush(int (*fn)(int), int fd)
 {
     unsigned long long upto;
+    struct stat sb;
     int rc;
 
     setup();
@@ -479,7 +527,7 @@ static int do_flush(int (*fn)(int), int fd)
         int dir = slot_in(pc.dir_fds, fd) >= 0;
         pthread_mutex_unlock(&pc.lock);
         if (dir) {
-            rc = fn(fd);
+            rc = dir_flush(fn, fd);
             pthread_mutex_lock(&pc.lock);
             if (rc == 0 && pc.image_fd >= 0 && !pc.dir_flushed) {
                 pc.dir_flushed = 1; /* the file was open, so its entry existed */
@@ -488,6 +536,10 @@ static int do_flush(int (*fn)(int), int fd)
             pthread_mutex_unlock(&pc.lock);
             return rc;
         }
+    }
+    if ((pc.dirlog_path != NULL || pc.dir_fsync_errno != 0) && fstat(fd, &sb) == 0 &&
+        S_ISDIR(sb.st_mode)) {
+        return dir_flush(fn, fd);
     }
     if (watched(fd) < 0) {
         return fn(fd);

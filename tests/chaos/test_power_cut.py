@@ -42,8 +42,11 @@ CI: 3 rounds and the control; long (CHAOS_LONG=1): 20; CHAOS_POWERCUT_ROUNDS
 overrides.
 """
 
+import errno
+import json
 import os
 import shutil
+import subprocess
 import struct
 import threading
 import time
@@ -274,6 +277,77 @@ class PowerCut(harness.ProxyTestCase):
         # Answered, never flushed ("interval"): it runs again, as that
         # durability allows.
         self.assertEqual(self.post(after, "new-store-key").status, 201)
+
+    def preload_env(self, **powercut):
+        """The environment for a proxy under libpowercut.so with the given
+        POWERCUT_* settings (names without the prefix, lower case)."""
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = " ".join(filter(None, [library(), env.get("LD_PRELOAD")]))
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
+                                                      "verify_asan_link_order=0"]))
+        for k, v in powercut.items():
+            env["POWERCUT_" + k.upper()] = str(v)
+        return env
+
+    def test_every_directory_a_first_start_made_is_flushed(self):
+        """A store whose path did not exist: the first start makes every
+        missing directory (mkdir -p), and a power cut must not take any of
+        their entries away, so each one, and the directory the topmost one
+        was made in, is flushed before the proxy serves."""
+        top = os.path.join(os.path.realpath(self.workdir), "made")
+        store = os.path.join(top, "a", "b", "store")
+        dirlog = os.path.join(self.workdir, "dirs.log")
+        proxy = harness.Proxy(self.workdir, self.config(store={"path": store}), "mkdirs",
+                              env=self.preload_env(dirlog=dirlog))
+        self.proxies.append(proxy)
+        proxy.start()
+        self.assertEqual(self.post(proxy, "made-dirs").status, 201)
+        with open(dirlog) as f:
+            flushed = set(f.read().split("\n"))
+        proxy.stop()
+        for d in (store, os.path.join(top, "a", "b"), os.path.join(top, "a"), top,
+                  os.path.dirname(top)):
+            self.assertIn(d, flushed, "%s was not flushed at the first start" % d)
+        # A second start made nothing: the store's directory and its parent.
+        os.remove(dirlog)
+        again = harness.Proxy(self.workdir, self.config(store={"path": store}), "mkdirs-again",
+                              env=self.preload_env(dirlog=dirlog))
+        self.proxies.append(again)
+        again.start()
+        with open(dirlog) as f:
+            flushed = set(f.read().split())
+        again.stop()
+        self.assertEqual(flushed, {store, os.path.join(top, "a", "b")})
+
+    def test_a_directory_flush_that_cannot_be_done_or_fails(self):
+        """A file system that does not flush directories (EINVAL) is passed
+        over: the proxy starts and serves. A directory flush that fails to
+        write (EIO) refuses the start, naming the directory: the store's
+        entry may not be on the disk."""
+        store = os.path.join(self.workdir, "store-einval")
+        proxy = harness.Proxy(self.workdir, self.config(store={"path": store}), "dir-einval",
+                              env=self.preload_env(dir_fsync_errno=errno.EINVAL))
+        self.proxies.append(proxy)
+        proxy.start()
+        self.assertEqual(self.post(proxy, "einval").status, 201)
+        proxy.stop()
+        for path in (store, os.path.join(self.workdir, "store-eio")):
+            p = subprocess.run(
+                [harness.binary(), "--config", self.write_config(path)],
+                env=self.preload_env(dir_fsync_errno=errno.EIO), stdin=subprocess.DEVNULL,
+                capture_output=True, timeout=30)
+            err = p.stderr.decode("utf-8", "replace")
+            self.assertEqual(p.returncode, 1, err)
+            self.assertIn("cannot flush the directory", err)
+            self.assertIn("Input/output error", err)
+
+    def write_config(self, store):
+        cfg = self.config(store={"path": store})
+        cfg["listen"] = "127.0.0.1:%d" % harness.free_port()
+        path = os.path.join(self.workdir, "cfg-%s.json" % os.path.basename(store))
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        return path
 
     def test_a_failed_meta_write_stops_the_proxy_and_a_restart_recovers(self):
         """A commit whose meta page cannot be written (EIO) leaves LMDB
