@@ -141,6 +141,17 @@ out:
     return ok;
 }
 
+bool store_record_peek_expiry(const void *buf, size_t len, int64_t *expires_ms)
+{
+    const uint8_t *p = buf;
+
+    if (p == NULL || len < 34 || (p[0] != RECORD_VERSION_1 && p[0] != RECORD_VERSION_2)) {
+        return false;
+    }
+    *expires_ms = u64_to_i64(get_u64(p + 26));
+    return true;
+}
+
 int store_record_parse(const void *buf, size_t len, struct store_record_view *out)
 {
     int rc = STORE_ECORRUPT;

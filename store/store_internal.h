@@ -35,6 +35,10 @@ struct store_record_view {
 /* Parses an encoded record without copying; the view borrows from buf.
  * Returns STORE_ECORRUPT on anything malformed (and leaves *out zeroed). */
 int store_record_parse(const void *buf, size_t len, struct store_record_view *out);
+/* The expires_ms of a record that may not decode, when its fixed header
+ * still reads as one (a known version, long enough for the field): for
+ * purge, to tell a damaged record's own index entry from a stale one. */
+bool store_record_peek_expiry(const void *buf, size_t len, int64_t *expires_ms);
 
 /* The encoded size of v, or STORE_EINVAL if v cannot be encoded (unknown
  * state, status out of range, a NULL span with a length, size overflow). */

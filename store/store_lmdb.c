@@ -377,10 +377,12 @@ static int64_t lease_to_wall(int64_t lease_ms, int64_t lease_now, int64_t wall_n
     return d;
 }
 
-/* now + delta without signed overflow (delta > 0 is checked by store.c). */
+/* now + delta, saturating at INT64_MAX (delta > 0 is checked by store.c;
+ * now may be negative: a test clock). */
 static int64_t add_ms(int64_t now, int64_t delta)
 {
-    return delta > INT64_MAX - now ? INT64_MAX : now + delta;
+    int64_t sum;
+    return __builtin_add_overflow(now, delta, &sum) ? INT64_MAX : sum;
 }
 
 /* The index orders by time with memcmp, so the time is stored big-endian
@@ -1184,14 +1186,26 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
      * them; an op that still does not fit is reported as not applied, and
      * after a hard error so is every later op (that error would repeat;
      * a corrupt record concerns its own op only). */
+    bool committed = false;
+    int dead = STORE_OK;
     for (size_t i = 0; i < n; i++) {
         int rc = hard ? STORE_EIO : run_batch(s, &ops[i], NULL, &res[i], 1, NULL);
         if (rc != STORE_OK) {
             res[i].outcome = STORE_FULL;
             hard = hard || (rc != STORE_EFULL && rc != STORE_ECORRUPT);
+            if (rc == STORE_EDEAD || rc == STORE_ELAYOUT) {
+                dead = rc;
+            }
+        } else {
+            committed = true;
         }
     }
-    return STORE_OK;
+    /* The full store may have been a commit whose meta page write failed
+     * with ENOSPC, after which LMDB takes no transaction (MDB_PANIC): that,
+     * or a newer layout, is the call's result when no op committed, so the
+     * caller stops (store_options.on_dead) instead of taking it for a full
+     * store. When some did, they are reported, and the next call says it. */
+    return committed ? STORE_OK : dead;
 }
 
 /* The order a batch's ops run in. Every ACQUIRE and COMPLETE of a batch
@@ -1363,6 +1377,26 @@ out:
     return rc;
 }
 
+/* Whether the due index entry at time t is a damaged record's own, and so
+ * purges it: yes when the record's header cannot give its expiry (nothing
+ * to tell by), or gives t. An entry with another time is stale (a key-order
+ * pass leaves the entries of the records it deleted, and the key may have a
+ * new record since): deleting the record for it would throw away what
+ * might be a COMPLETE result before its TTL. */
+static bool corrupt_entry_is_its_own(struct lmdb_store *s, MDB_txn *txn,
+                                     const uint8_t key[STORE_KEY_BYTES], enum rec_table where,
+                                     int64_t t)
+{
+    MDB_val kv = {STORE_KEY_BYTES, (void *)key};
+    MDB_val dv;
+    int64_t expires;
+
+    if (where == REC_NONE || LMDB_CALL(mdb_get(txn, table_dbi(s, where), &kv, &dv)) != 0 ||
+        !store_record_peek_expiry(dv.mv_data, dv.mv_size, &expires)) {
+        return true;
+    }
+    return expires == t;
+}
 /* The purge steps of one write transaction in index order: up to
  * max_records due index entries, deleting what is purgeable. Each step takes
  * the first index entry again rather than walking a cursor: every entry
@@ -1422,6 +1456,10 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         handled++;
         *changed = true;
         rc = record_load(s, txn, key, &v, &found, &where, false);
+        if (rc == STORE_ECORRUPT && !corrupt_entry_is_its_own(s, txn, key, where, t)) {
+            rc = index_del(s, txn, t, key); /* stale entry: the record waits for its own */
+            continue;
+        }
         if (rc == STORE_ECORRUPT) {
             /* An undecodable record can never be served, and its due entry
              * would block purging forever: it goes. */
@@ -1458,7 +1496,7 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             next.lease_expires_ms = v.lease_expires_ms;
             next.expires_ms = lease_to_wall(v.lease_expires_ms, s->lease_now, now);
             if (next.expires_ms <= now) {
-                next.expires_ms = now + 1; /* (due again, not in this step) */
+                next.expires_ms = add_ms(now, 1); /* (due again, not in this step) */
             }
             memcpy(next.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
             next.has_raw_fingerprint = v.has_raw_fingerprint;
@@ -1579,7 +1617,10 @@ static int sweep_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         examined++;
         rc = store_record_parse(dv.mv_data, dv.mv_size, &v);
         if (rc == STORE_ECORRUPT) {
-            purge = true; /* as in index_steps: it can never be served */
+            /* Kept: it might hide a COMPLETE result whose TTL has not
+             * elapsed, and only its index entry says when it has
+             * (index_steps purges it then). */
+            purge = false;
             rc = STORE_OK;
         } else if (rc != STORE_OK) {
             break;
@@ -1739,7 +1780,9 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
     }
     *purged = total;
     *more = rc == STORE_OK ? m : false;
-    return total > 0 ? STORE_OK : rc;
+    /* What was purged counts, unless the store died meanwhile (MDB_PANIC:
+     * see apply_after_full) or another process raised its layout. */
+    return total > 0 && rc != STORE_EDEAD && rc != STORE_ELAYOUT ? STORE_OK : rc;
 }
 
 static int lmdb_reader_check(void *impl, int *cleared)
@@ -1760,9 +1803,11 @@ static int lmdb_stats(void *impl, struct store_stats *out)
         goto out;
     }
     rc = map_err(mdb_stat(txn, s->records, &st));
-    out->records = (uint64_t)st.ms_entries;
     if (rc == STORE_OK) {
+        out->records = (uint64_t)st.ms_entries;
         rc = map_err(mdb_stat(txn, s->inflight, &st));
+    }
+    if (rc == STORE_OK) {
         out->records += (uint64_t)st.ms_entries;
     }
     read_end(s, txn);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -2315,6 +2316,116 @@ static void test_corrupt_record_reported_then_purged(void **state)
     assert_int_equal(acquire(f->st, "bad", 'a', 1000, 5000, &a), STORE_ACQUIRED);
 }
 
+/* A key-order pass (the purge of a large backlog) walks `records` and
+ * deletes what is due. A record that does not decode is not its to judge:
+ * it might hide a COMPLETE result whose TTL has not elapsed, so it stays
+ * until its own index entry is due. */
+static void test_key_order_pass_keeps_a_damaged_record(void **state)
+{
+    struct fixture *f = *state;
+    struct store_record rec;
+    struct store_stats stats;
+    struct store_op a;
+    uint8_t key[STORE_KEY_BYTES];
+    size_t purged = 0, calls = 0;
+    bool more = true;
+
+    fill_completed(f->st, "old", 24000, 1000);
+    fill_completed(f->st, "live", 2000, 3600000);
+    store_close(f->st);
+    f->st = NULL;
+    corrupt_record(f->path, "live5");
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    key_of("live5", key);
+    advance(f, 1000);
+    while (more) {
+        assert_int_equal(store_purge(f->st, 64, &purged, &more), 0);
+        assert_true(++calls < 5000);
+    }
+    assert_int_equal(store_stats(f->st, &stats), 0);
+    assert_true(stats.purge_sweeps >= 1); /* the pass ran */
+    assert_int_equal(stats.records, 2000); /* every old record gone, every live one kept */
+    assert_int_equal(store_get(f->st, key, &rec), STORE_ECORRUPT);
+    assert_int_equal(store_acquire(f->st, key, (uint8_t[32]){0}, 1000, 5000, &a), STORE_ECORRUPT);
+    /* Its own entry, an hour on, purges it. */
+    advance(f, 3600000);
+    more = true;
+    while (more) {
+        assert_int_equal(store_purge(f->st, 4096, &purged, &more), 0);
+        assert_true(++calls < 10000);
+    }
+    assert_int_equal(state_of(f->st, "live5"), STORE_STATE_ABSENT);
+}
+
+/* A due index entry whose time is not the damaged record's own (a key-order
+ * pass leaves the entries of the records it deleted; the key may have been
+ * used again since) drops the entry only. The record's header still gives
+ * its expiry, which decides. */
+static void test_stale_entry_keeps_a_damaged_record(void **state)
+{
+    struct fixture *f = *state;
+    struct store_record rec;
+    struct store_op a;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t ik[8 + STORE_KEY_BYTES];
+    uint8_t cut[100];
+    MDB_env *env = NULL;
+    MDB_txn *txn;
+    MDB_dbi records, expiry;
+    MDB_val k = {STORE_KEY_BYTES, key}, v, ikv = {sizeof(ik), ik}, empty = {0, ""};
+    uint64_t stale = (uint64_t)(atomic_load(&f->clock.now) + 1000) ^ ((uint64_t)1 << 63);
+    size_t purged = 0;
+    bool more = false;
+
+    assert_int_equal(acquire(f->st, "again", 'a', 1000, 3600000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "again", a.lease_id, 3600000, "charge-1"), STORE_DONE);
+    store_close(f->st);
+    f->st = NULL;
+    key_of("again", key);
+    txn = raw_begin(f->path, false, &env);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &records), 0);
+    assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &expiry), 0);
+    assert_int_equal(mdb_get(txn, records, &k, &v), 0);
+    assert_true(v.mv_size > sizeof(cut));
+    memcpy(cut, v.mv_data, sizeof(cut)); /* the header whole, the rest cut off */
+    v.mv_data = cut;
+    v.mv_size = sizeof(cut);
+    assert_int_equal(mdb_put(txn, records, &k, &v, 0), 0);
+    for (size_t i = 0; i < 8; i++)
+        ik[i] = (uint8_t)(stale >> (56 - 8 * i));
+    memcpy(ik + 8, key, STORE_KEY_BYTES);
+    assert_int_equal(mdb_put(txn, expiry, &ikv, &empty, 0), 0);
+    raw_end(env, txn, false);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    advance(f, 2000);
+    assert_int_equal(store_purge(f->st, 10, &purged, &more), 0);
+    assert_int_equal(purged, 0);
+    assert_int_equal(store_get(f->st, key, &rec), STORE_ECORRUPT);
+    advance(f, 3600000);
+    assert_int_equal(store_purge(f->st, 10, &purged, &more), 0);
+    assert_int_equal(purged, 1);
+    assert_int_equal(state_of(f->st, "again"), STORE_STATE_ABSENT);
+}
+
+/* TTLs are added saturating, on any clock: a negative one too (the index
+ * sorts negative times first). */
+static void test_ttl_on_a_negative_clock(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_record rec;
+    uint8_t key[STORE_KEY_BYTES];
+
+    set_now(f, -5);
+    assert_int_equal(acquire(f->st, "neg", 'a', 1000, INT64_MAX, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "neg", a.lease_id, INT64_MAX, "x"), STORE_DONE);
+    key_of("neg", key);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.expires_ms, INT64_MAX - 5);
+    store_record_clear(&rec);
+}
+
 /* ---- store full ---------------------------------------------------------- */
 
 static void test_store_full_then_purge_on_full(void **state)
@@ -3140,6 +3251,65 @@ static void count_dead(void *ctx)
     (*(int *)ctx)++;
 }
 
+/* LMDB's writes go through the process's pwrite(): this one fails the next
+ * write into the first two pages (the meta pages: LMDB's last write of a
+ * commit) with the errno set here, as a full or failing disk would. */
+static _Atomic int fail_meta_write_errno;
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    if (off < 8192 && n < 4096 && atomic_load(&fail_meta_write_errno) != 0) {
+        errno = atomic_exchange(&fail_meta_write_errno, 0);
+        return -1;
+    }
+    return syscall(SYS_pwrite64, fd, buf, n, off);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off);
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
+{
+    return pwrite(fd, buf, n, off);
+}
+
+/* A meta page write that fails with ENOSPC leaves LMDB refusing every
+ * transaction (MDB_PANIC), like EIO does, but looks like a full store. The
+ * full-store retry used to mark the batch "full, not applied" and return
+ * success, so the process kept running on a dead store until some later
+ * call. The call itself now reports STORE_EDEAD and on_dead runs. */
+static void test_meta_write_enospc_is_a_dead_store(void **state)
+{
+    struct fixture *f = *state;
+    struct store_options opt;
+    struct store_op a;
+    struct store *st = NULL;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t fp[STORE_FINGERPRINT_BYTES] = {1};
+    int calls = 0;
+    char err[256];
+
+    store_close(f->st);
+    f->st = NULL;
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.sync = true;
+    opt.clock = &f->store_clock;
+    opt.on_dead = count_dead;
+    opt.on_dead_ctx = &calls;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), 0);
+    assert_int_equal(acquire(st, "before", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    key_of("dies", key);
+    atomic_store(&fail_meta_write_errno, ENOSPC);
+    assert_int_equal(store_acquire(st, key, fp, 1000, 60000, &a), STORE_EDEAD);
+    assert_int_equal(atomic_load(&fail_meta_write_errno), 0); /* the write was tried */
+    assert_int_equal(calls, 1);
+    store_close(st);
+    /* Opened again, the store is as the last good commit left it. */
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    assert_int_equal(state_of(f->st, "before"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(state_of(f->st, "dies"), STORE_STATE_ABSENT);
+}
+
 static void test_on_dead_called_once(void **state)
 {
     static const struct store_ops dead_ops = {
@@ -3275,6 +3445,10 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_shared_fs_names),
         cmocka_unit_test(test_on_dead_called_once),
+        STORE_TEST(test_key_order_pass_keeps_a_damaged_record),
+        STORE_TEST(test_stale_entry_keeps_a_damaged_record),
+        STORE_TEST(test_ttl_on_a_negative_clock),
+        STORE_TEST(test_meta_write_enospc_is_a_dead_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
