@@ -296,12 +296,16 @@ static atomic_bool store_dead;
  * them), and exit with EXIT_STORE_DEAD. */
 static void on_store_dead(void *ctx)
 {
+    char cause[256];
+
     (void)ctx;
     atomic_store(&store_dead, true);
-    idem_diag("idemproxy: store: LMDB takes no more transactions after a commit it could not "
-              "finish (MDB_PANIC); stopping, exit status %d: start the proxy again (a "
+    /* Called on the thread whose call met it, so the cause is that call's. */
+    if (store_last_cause(cause, sizeof(cause)) == 0)
+        snprintf(cause, sizeof(cause), "the store takes no more transactions");
+    idem_diag("idemproxy: store: %s; stopping, exit status %d: start the proxy again (a "
               "supervisor's restart on failure does) and it reopens the store",
-              EXIT_STORE_DEAD);
+              cause, EXIT_STORE_DEAD);
     kill(getpid(), SIGTERM);
 }
 

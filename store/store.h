@@ -64,7 +64,8 @@ enum store_error {
                           * one opened it: this process can no longer write */
     STORE_EDEAD = -7,    /* the backend takes no more transactions, reads or
                           * writes, until the store is opened again (LMDB:
-                          * MDB_PANIC, after a commit's meta page write failed) */
+                          * MDB_PANIC, after a commit's meta page write failed;
+                          * MDB_MAP_RESIZED, another process's larger map) */
 };
 
 const char *store_strerror(int err);

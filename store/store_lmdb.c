@@ -251,7 +251,10 @@ static int map_err(int rc)
         e = STORE_EFULL;
     } else if (rc == ENOMEM) {
         e = STORE_ENOMEM;
-    } else if (rc == MDB_PANIC) {
+    } else if (rc == MDB_PANIC || rc == MDB_MAP_RESIZED) {
+        /* MDB_MAP_RESIZED: another process (with a larger map_size) wrote
+         * past this one's map. Taking the new size needs no transaction
+         * open anywhere in the process; a new process maps it. */
         e = STORE_EDEAD;
     }
     if (rc != 0) {
@@ -275,6 +278,10 @@ int store_last_cause(char *buf, size_t len)
         break;
     case MDB_PANIC:
         what = "LMDB takes no more transactions after a commit it could not finish";
+        break;
+    case MDB_MAP_RESIZED:
+        what = "another process grew the store past this process's map (its store.map_size "
+               "is larger: give every process the same)";
         break;
     case ENOSPC:
         what = "the file system is full";

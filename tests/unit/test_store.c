@@ -3310,6 +3310,76 @@ static void test_meta_write_enospc_is_a_dead_store(void **state)
     assert_int_equal(state_of(f->st, "dies"), STORE_STATE_ABSENT);
 }
 
+/* Another process with a larger map_size writes past this process's map:
+ * LMDB then refuses this process's transactions (MDB_MAP_RESIZED) until it
+ * maps the new size, which needs every transaction in the process closed.
+ * The store used to report STORE_EIO for every call, replays included, for
+ * good; it now reports STORE_EDEAD and calls on_dead, so the proxy stops and
+ * a new process maps the store as it is. */
+static void test_a_larger_map_elsewhere_is_a_dead_store(void **state)
+{
+    struct fixture *f = *state;
+    struct store_options opt;
+    struct store_record rec;
+    struct store_op a;
+    struct store *st = NULL;
+    uint8_t key[STORE_KEY_BYTES];
+    char err[256], cause[256];
+    int calls = 0, status = 0;
+    pid_t child;
+
+    store_close(f->st);
+    f->st = NULL;
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.map_size_bytes = 4u << 20;
+    opt.clock = &f->store_clock;
+    opt.on_dead = count_dead;
+    opt.on_dead_ctx = &calls;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), 0);
+    assert_int_equal(acquire(st, "small", 'a', 1000, 600000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(st, "small", a.lease_id, 600000, "kept"), STORE_DONE);
+
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        /* Its own environment (never the parent's across fork()). */
+        static char body[200000];
+        struct store_options big = opt;
+        struct store *bst = NULL;
+        big.map_size_bytes = 64u << 20;
+        big.on_dead = NULL;
+        if (store_open(NULL, &big, &bst, err, sizeof(err)) != 0)
+            _exit(2);
+        for (int i = 0; i < 60; i++) {
+            char name[16];
+            snprintf(name, sizeof(name), "big%d", i);
+            key_of(name, key);
+            if (store_acquire(bst, key, (uint8_t[32]){1}, 1000, 600000, &a) != 0 ||
+                store_complete(bst, key, a.lease_id, 600000, 200, (struct store_span){NULL, 0},
+                               (struct store_span){body, sizeof(body)}, NULL) != 0)
+                _exit(3);
+        }
+        store_close(bst);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    key_of("small", key);
+    assert_int_equal(store_get(st, key, &rec), STORE_EDEAD);
+    assert_int_equal(calls, 1);
+    store_last_cause(cause, sizeof(cause));
+    assert_non_null(strstr(cause, "another process grew the store past this process's map"));
+    store_close(st);
+    /* A new open with the same small map_size maps what is there. */
+    assert_int_equal(open_at(f, f->path, 4u << 20, &f->st), 0);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.body_len, 4);
+    assert_memory_equal(rec.body, "kept", 4);
+    store_record_clear(&rec);
+}
+
 static void test_on_dead_called_once(void **state)
 {
     static const struct store_ops dead_ops = {
@@ -3449,6 +3519,7 @@ int main(void)
         STORE_TEST(test_stale_entry_keeps_a_damaged_record),
         STORE_TEST(test_ttl_on_a_negative_clock),
         STORE_TEST(test_meta_write_enospc_is_a_dead_store),
+        STORE_TEST(test_a_larger_map_elsewhere_is_a_dead_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
