@@ -279,6 +279,10 @@ int store_last_cause(char *buf, size_t len)
     case MDB_PANIC:
         what = "LMDB takes no more transactions after a commit it could not finish";
         break;
+    case MDB_READERS_FULL:
+        what = "every reader slot is taken (too many readers at once across the processes "
+               "on the store)";
+        break;
     case MDB_MAP_RESIZED:
         what = "another process grew the store past this process's map (its store.map_size "
                "is larger: give every process the same)";
@@ -593,7 +597,16 @@ static int read_begin(struct lmdb_store *s, MDB_txn **out)
         txn = NULL;
     }
     if (txn == NULL) {
-        rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn)));
+        int lrc = LMDB_CALL(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
+        int cleared = 0;
+        /* Every reader slot taken: those of processes that died holding
+         * them (SIGKILL leaves them) are cleared, and the begin tried once
+         * more, rather than failing this call until the next periodic
+         * check. */
+        if (lrc == MDB_READERS_FULL && mdb_reader_check(s->env, &cleared) == 0 && cleared > 0) {
+            lrc = LMDB_CALL(mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn));
+        }
+        rc = map_err(lrc);
     }
     *out = rc == STORE_OK ? txn : NULL;
     return rc;
@@ -2329,7 +2342,9 @@ static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned in
     if (lrc == 0 && rc == STORE_OK && *layout <= STORE_LAYOUT) {
         rc = leases_current(s, txn, *layout, current);
     }
-    if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) &&
+    /* Not on a newer layout, which another process may have written
+     * between the read-only look and this transaction: open_dbs refuses it. */
+    if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) && *layout <= STORE_LAYOUT &&
         (*layout < STORE_LAYOUT || !*current)) {
         rc = leases_settle(s, txn, *layout);
         if (rc == STORE_OK) {

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3380,6 +3381,53 @@ static void test_a_larger_map_elsewhere_is_a_dead_store(void **state)
     store_record_clear(&rec);
 }
 
+/* A process that died holding reader slots (SIGKILL) leaves them taken
+ * until someone clears them. With every slot so taken, a read that needs a
+ * new transaction clears the dead ones and goes on, rather than failing
+ * (and failing the write batch whose room check needed it). */
+static void test_reader_slots_of_dead_processes_are_cleared_when_full(void **state)
+{
+    struct fixture *f = *state;
+    struct store_record rec;
+    struct store_op a;
+    uint8_t key[STORE_KEY_BYTES];
+    int pipefd[2], status = 0;
+    char c = 0;
+    pid_t child;
+
+    assert_int_equal(acquire(f->st, "r", 'a', 1000, 600000, &a), STORE_ACQUIRED);
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0); /* no read transaction yet */
+    assert_int_equal(pipe(pipefd), 0);
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        /* Its own environment; every slot it can get, then killed. */
+        MDB_env *env = NULL;
+        MDB_txn *txn = NULL;
+        int n = 0;
+        if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 4) != 0 ||
+            mdb_env_open(env, f->path, MDB_RDONLY | MDB_NOTLS, 0600) != 0)
+            _exit(2);
+        while (mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0)
+            n++;
+        c = n >= 100 ? 'y' : 'n';
+        (void)!write(pipefd[1], &c, 1);
+        raise(SIGKILL);
+    }
+    close(pipefd[1]);
+    assert_int_equal(read(pipefd[0], &c, 1), 1);
+    close(pipefd[0]);
+    assert_int_equal(c, 'y');
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status));
+    key_of("r", key);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    store_record_clear(&rec);
+}
+
 static void test_on_dead_called_once(void **state)
 {
     static const struct store_ops dead_ops = {
@@ -3520,6 +3568,7 @@ int main(void)
         STORE_TEST(test_ttl_on_a_negative_clock),
         STORE_TEST(test_meta_write_enospc_is_a_dead_store),
         STORE_TEST(test_a_larger_map_elsewhere_is_a_dead_store),
+        STORE_TEST(test_reader_slots_of_dead_processes_are_cleared_when_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
