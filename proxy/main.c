@@ -5,6 +5,8 @@
  *   idemproxy --upstream URL             every default
  *   idemproxy check-config FILE [overrides]  validate, print the effective config
  *   idemproxy check-store PATH           check a store's records (JSON summary)
+ *   idemproxy show-key PATH SCOPE KEY    one key's record (JSON)
+ *   idemproxy forget-key PATH SCOPE KEY  delete it (an operator's decision)
  *   idemproxy --help | --version
  *
  * SIGTERM/SIGINT stop accepting and drain in-flight requests (their records
@@ -21,9 +23,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "config.h"
 #include "diag.h"
 #include "fault.h"
+#include "policy.h"
 #include "server.h"
 #include "store.h"
 
@@ -32,6 +37,8 @@ static const char usage[] =
     "       idemproxy --upstream URL [--listen HOST:PORT] [--store PATH]\n"
     "       idemproxy check-config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
     "       idemproxy check-store PATH [--records]\n"
+    "       idemproxy show-key PATH SCOPE KEY [--scope-header-value VALUE]\n"
+    "       idemproxy forget-key PATH SCOPE KEY [--scope-header-value VALUE] [--force]\n"
     "       idemproxy --help | --version\n"
     "\n"
     "A reverse proxy that gives an HTTP API Idempotency-Key semantics: the first\n"
@@ -46,7 +53,16 @@ static const char usage[] =
     "                     effective configuration; exit 1 if the proxy could not run\n"
     "                     with it (no upstream, say)\n"
     "  check-store PATH   decode every record of a store and check its invariants\n"
-    "                     (JSON summary; --records adds one line per record)\n";
+    "                     (JSON summary; --records adds one line per record)\n"
+    "  show-key PATH SCOPE KEY\n"
+    "                     print the record of KEY in SCOPE (a route's scope, as\n"
+    "                     check-config and the access log show it) as JSON; exit 0,\n"
+    "                     or 1 when there is none. With a route's scope_header, give\n"
+    "                     the request's value of it: --scope-header-value VALUE\n"
+    "  forget-key PATH SCOPE KEY\n"
+    "                     delete that record, so the key runs again when next sent;\n"
+    "                     one whose request is running now (live lease) only with\n"
+    "                     --force. Exit 0 deleted, 1 none, 3 running\n";
 
 /* The configuration the proxy would run with: FILE, then the command
  * line's overrides. Exit 1 when it could not run, the missing upstream
@@ -440,6 +456,236 @@ static int std_fds_open(void)
     return rc;
 }
 
+/* show-key and forget-key: PATH SCOPE KEY [--scope-header-value VALUE]
+ * [--force]. The record key is derived as the proxy derives it: KEY as an
+ * Idempotency-Key header value (bare or a structured-field string), SCOPE
+ * a route's scope, with the SHA-256 of the scope header's value when the
+ * route has one. */
+#define KEYTOOL_MAX_KEY 8192
+
+struct key_args {
+    const char *path;
+    bool force;
+    uint8_t record_key[STORE_KEY_BYTES];
+    char log_key[9]; /* as the access log shows it */
+};
+
+static int key_args_parse(int argc, char **argv, bool forget, struct key_args *ka)
+{
+    const char *scope_value = NULL;
+    char *key = NULL, *scope = NULL;
+    size_t key_len = 0, scope_len = 0;
+    struct config_route route;
+    enum idem_key_status ks;
+    int rc = 2;
+
+    memset(ka, 0, sizeof(*ka));
+    if (argc < 5) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    for (int i = 5; i < argc; i++) {
+        if (strcmp(argv[i], "--scope-header-value") == 0 && i + 1 < argc && scope_value == NULL) {
+            scope_value = argv[++i];
+        } else if (forget && strcmp(argv[i], "--force") == 0 && !ka->force) {
+            ka->force = true;
+        } else {
+            fprintf(stderr, "idemproxy: %s: unknown, repeated or missing its value\n%s", argv[i],
+                    usage);
+            return 2;
+        }
+    }
+    ka->path = argv[2];
+    if (argv[3][0] == '\0' || strlen(argv[3]) > 128) {
+        fprintf(stderr, "idemproxy: SCOPE: a route's scope is 1 to 128 bytes\n");
+        return 2;
+    }
+    key = malloc(KEYTOOL_MAX_KEY);
+    if (key == NULL)
+        goto out;
+    ks = idem_key_parse(argv[4], strlen(argv[4]), KEYTOOL_MAX_KEY, key, &key_len);
+    if (ks != IDEM_KEY_OK) {
+        fprintf(stderr, "idemproxy: KEY: %s\n", idem_key_status_text(ks));
+        goto out;
+    }
+    memset(&route, 0, sizeof(route));
+    route.scope = argv[3];
+    route.scope_header = scope_value != NULL ? "(given)" : NULL;
+    if (idem_scope_build(&route, scope_value, scope_value ? strlen(scope_value) : 0, &scope,
+                         &scope_len) != 0) {
+        fprintf(stderr, "idemproxy: out of memory\n");
+        goto out;
+    }
+    store_key_derive(scope, scope_len, key, key_len, ka->record_key);
+    idem_key_loghash(argv[3], key, key_len, ka->log_key);
+    rc = 0;
+out:
+    free(scope);
+    free(key);
+    return rc;
+}
+
+/* The record as JSON (show-key): its state and times as check-store shows
+ * them, and the stored answer, body as a string when it is UTF-8 (else
+ * body_base64 is not given: body_bytes says how long it is). */
+static json_t *record_json(const struct key_args *ka, const struct store_record *rec,
+                           const struct check_ctx *c)
+{
+    char hex[2 * STORE_KEY_BYTES + 1];
+    int64_t lease_end = lease_end_wall(c, rec);
+    bool held = rec->state == STORE_STATE_IN_PROGRESS && lease_end > c->now_ms &&
+                store_lease_is_held(rec->lease_id);
+    json_t *o = json_object();
+    json_t *headers = json_array();
+    struct idem_headers h = {0};
+
+    for (size_t i = 0; i < STORE_KEY_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", ka->record_key[i]);
+    json_object_set_new(o, "found", json_true());
+    json_object_set_new(o, "record_key", json_string(hex));
+    json_object_set_new(o, "log_key", json_string(ka->log_key));
+    json_object_set_new(o, "state", json_string(rec->state == STORE_STATE_COMPLETE
+                                                    ? "complete"
+                                                    : "in_progress"));
+    json_object_set_new(o, "held", json_boolean(held));
+    json_object_set_new(o, "stealable", json_boolean(rec->state == STORE_STATE_IN_PROGRESS &&
+                                                     lease_end <= c->now_ms));
+    if (rec->state == STORE_STATE_IN_PROGRESS)
+        json_object_set_new(o, "lease_expires_ms", json_integer(lease_end));
+    json_object_set_new(o, "expires_ms", json_integer(rec->expires_ms));
+    if (rec->state == STORE_STATE_COMPLETE) {
+        json_object_set_new(o, "status", json_integer(rec->status));
+        if (idem_headers_decode(rec->headers, rec->headers_len, &h) == 0) {
+            for (size_t i = 0; i < h.n; i++)
+                json_array_append_new(headers,
+                                      json_pack("[s#s#]", h.v[i].name, (int)h.v[i].name_len,
+                                                h.v[i].value, (int)h.v[i].value_len));
+        }
+        idem_headers_clear(&h);
+        json_object_set_new(o, "headers", headers);
+        headers = NULL;
+        json_object_set_new(o, "body_bytes", json_integer((json_int_t)rec->body_len));
+        json_t *body = json_stringn((const char *)rec->body, rec->body_len);
+        if (body != NULL)
+            json_object_set_new(o, "body", body);
+    }
+    json_decref(headers);
+    return o;
+}
+
+static int print_json(json_t *o)
+{
+    char *text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (text == NULL) {
+        fprintf(stderr, "idemproxy: out of memory\n");
+        return -1;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+/* Opens the store read-only (beside running proxies) and reads the key's
+ * record into *rec; c gets the clocks to show its times with. 0, 1 (no
+ * record), 2 (the store or the record could not be read). */
+static int key_read(const struct key_args *ka, struct store_record *rec, struct check_ctx *c,
+                    uint64_t *map_size)
+{
+    char err[512];
+    struct store *st = NULL;
+    struct store_options so = {.path = ka->path, .sync = true, .read_only = true};
+    struct store_stats stats = {0};
+    int rc = 2;
+    int grc;
+
+    memset(rec, 0, sizeof(*rec));
+    if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
+        print_store_error(ka->path, err);
+        return 2;
+    }
+    c->now_ms = store_clock_realtime.now_ms(store_clock_realtime.ctx);
+    c->lease_now_ms = store_clock_lease_now(&store_clock_realtime);
+    if (store_stats(st, &stats) == 0) {
+        c->lease_clock = stats.lease_clock;
+        *map_size = stats.map_size_bytes;
+    }
+    grc = store_get(st, ka->record_key, rec);
+    if (grc == STORE_ECORRUPT) {
+        fprintf(stderr, "idemproxy: the record does not decode (damaged); forget-key deletes "
+                        "it\n");
+    } else if (grc != 0) {
+        fprintf(stderr, "idemproxy: store %s: %s\n", ka->path, store_strerror(grc));
+    } else {
+        rc = rec->state == STORE_STATE_ABSENT ? 1 : 0;
+    }
+    store_close(st);
+    return rc;
+}
+
+static int show_key(int argc, char **argv)
+{
+    struct key_args ka;
+    struct store_record rec;
+    struct check_ctx c = {0};
+    uint64_t map_size = 0;
+    int rc = key_args_parse(argc, argv, false, &ka);
+
+    if (rc != 0)
+        return rc;
+    rc = key_read(&ka, &rec, &c, &map_size);
+    if (rc == 0 && print_json(record_json(&ka, &rec, &c)) != 0)
+        rc = 2;
+    if (rc == 1)
+        printf("{\"found\":false,\"log_key\":\"%s\"}\n", ka.log_key);
+    store_record_clear(&rec);
+    return rc;
+}
+
+/* Deletes the record (STORE_OP_FORGET) in a writable open of the store, as
+ * a proxy opens it, with the store's own map size. */
+static int forget_key(int argc, char **argv)
+{
+    char err[512];
+    struct key_args ka;
+    struct store_record rec;
+    struct check_ctx c = {0};
+    struct store *st = NULL;
+    uint64_t map_size = 0;
+    enum store_outcome o = 0;
+    const char *was = "absent";
+    int rc = key_args_parse(argc, argv, true, &ka);
+    int frc;
+
+    if (rc != 0)
+        return rc;
+    rc = key_read(&ka, &rec, &c, &map_size);
+    if (rc == 0)
+        was = rec.state == STORE_STATE_COMPLETE ? "complete" : "in_progress";
+    else if (rc == 2 && map_size == 0)
+        return 2; /* the store did not open */
+    store_record_clear(&rec);
+    struct store_options so = {.path = ka.path, .map_size_bytes = map_size, .sync = true};
+    if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
+        print_store_error(ka.path, err);
+        return 2;
+    }
+    frc = store_forget(st, ka.record_key, ka.force, &o);
+    store_close(st);
+    if (frc != 0) {
+        fprintf(stderr, "idemproxy: store %s: %s\n", ka.path, store_strerror(frc));
+        return 2;
+    }
+    printf("{\"forgotten\":%s,\"outcome\":\"%s\",\"was\":\"%s\",\"log_key\":\"%s\"}\n",
+           o == STORE_DONE ? "true" : "false", store_outcome_name(o),
+           o == STORE_DONE && rc == 2 ? "damaged" : was, ka.log_key);
+    if (o == STORE_BUSY)
+        fprintf(stderr, "idemproxy: its request is running now (a live lease): deleting the "
+                        "record would let a retry run beside it, and its result would not be "
+                        "stored; wait for it, or give --force\n");
+    return o == STORE_DONE ? 0 : o == STORE_BUSY ? 3 : 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL, *listen = NULL, *upstream = NULL, *store_path = NULL;
@@ -459,6 +705,10 @@ int main(int argc, char **argv)
         }
         return check_store(argv[2], records);
     }
+    if (argc >= 2 && strcmp(argv[1], "show-key") == 0)
+        return show_key(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "forget-key") == 0)
+        return forget_key(argc, argv);
     bool checking = argc >= 2 && strcmp(argv[1], "check-config") == 0;
     if (checking) {
         if (argc < 3 || argv[2][0] == '-') {

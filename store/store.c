@@ -92,6 +92,9 @@ const char *store_outcome_name(enum store_outcome o)
     case STORE_FULL:
         s = "full";
         break;
+    case STORE_NOT_FOUND:
+        s = "not_found";
+        break;
     default:
         break;
     }
@@ -242,6 +245,9 @@ static bool op_valid(const struct store_op *op)
         break;
     case STORE_OP_EXTEND:
         ok = op->lease_ms > 0;
+        break;
+    case STORE_OP_FORGET:
+        ok = true;
         break;
     default:
         break;
@@ -426,6 +432,24 @@ int store_complete(struct store *st, const uint8_t key[STORE_KEY_BYTES],
     op.status = status;
     op.headers = headers;
     op.body = body;
+    rc = apply_leased(st, &op, outcome);
+out:
+    return rc;
+}
+
+int store_forget(struct store *st, const uint8_t key[STORE_KEY_BYTES], bool force,
+                 enum store_outcome *outcome)
+{
+    int rc = STORE_EINVAL;
+    struct store_op op;
+
+    if (key == NULL) {
+        goto out;
+    }
+    memset(&op, 0, sizeof(op));
+    op.kind = STORE_OP_FORGET;
+    memcpy(op.key, key, STORE_KEY_BYTES);
+    op.force = force;
     rc = apply_leased(st, &op, outcome);
 out:
     return rc;

@@ -100,6 +100,7 @@ enum store_outcome {
     STORE_DONE,         /* complete/release/extend applied */
     STORE_FENCED,       /* complete/release refused, extend a no-op */
     STORE_FULL,         /* acquire/complete: no room after purging; not applied */
+    STORE_NOT_FOUND,    /* forget: there was no record */
 };
 
 const char *store_outcome_name(enum store_outcome o);
@@ -136,6 +137,13 @@ enum store_op_kind {
     STORE_OP_COMPLETE,
     STORE_OP_RELEASE,
     STORE_OP_EXTEND,
+    /* An operator's delete (idemproxy forget-key), outside the record model's
+     * edges: the record goes whatever its state, and the key is as if never
+     * used. A live IN_PROGRESS record (its lease running, not held) is left
+     * alone, outcome STORE_BUSY, unless force is set: its holder may still
+     * complete, and a retry would run beside it. STORE_DONE when a record
+     * went, STORE_NOT_FOUND when there was none. */
+    STORE_OP_FORGET,
 };
 
 /*
@@ -165,6 +173,7 @@ struct store_op {
      * (store_lease_is_held), so its duplicates can tell at once that
      * waiting will not help, and no op of any owner can settle it. */
     bool hold;
+    bool force;                                 /* in: forget (see STORE_OP_FORGET) */
     int64_t ttl_ms;                             /* in: acquire, complete */
     int status;                                 /* in: complete */
     struct store_span headers;                  /* in: complete */
@@ -353,6 +362,9 @@ int store_complete(struct store *st, const uint8_t key[STORE_KEY_BYTES],
                    const uint8_t lease_id[STORE_LEASE_ID_BYTES], int64_t ttl_ms, int status,
                    struct store_span headers, struct store_span body,
                    enum store_outcome *outcome);
+/* STORE_OP_FORGET of one key. */
+int store_forget(struct store *st, const uint8_t key[STORE_KEY_BYTES], bool force,
+                 enum store_outcome *outcome);
 int store_release(struct store *st, const uint8_t key[STORE_KEY_BYTES],
                   const uint8_t lease_id[STORE_LEASE_ID_BYTES], enum store_outcome *outcome);
 int store_extend(struct store *st, const uint8_t key[STORE_KEY_BYTES],

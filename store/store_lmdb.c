@@ -1059,6 +1059,55 @@ out:
     return rc;
 }
 
+/* An operator's delete (STORE_OP_FORGET). A record that does not decode
+ * goes too (what to do with it is the operator's call); its index entry is
+ * deleted when its header still gives the time, and otherwise left for
+ * purge to drop as stale. */
+static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *op,
+                     struct op_result *res)
+{
+    struct store_record_view cur;
+    enum rec_table where = REC_NONE;
+    bool found = false;
+    int64_t expires = 0;
+    bool has_expiry = false;
+    int rc = record_load(s, txn, op->key, &cur, &found, &where, true);
+
+    if (rc == STORE_ECORRUPT && where != REC_NONE) {
+        MDB_val kv = {STORE_KEY_BYTES, (void *)op->key};
+        MDB_val dv;
+        has_expiry = LMDB_CALL(mdb_get(txn, table_dbi(s, where), &kv, &dv)) == 0 &&
+                     store_record_peek_expiry(dv.mv_data, dv.mv_size, &expires);
+        rc = STORE_OK;
+    } else if (rc == STORE_OK && found) {
+        expires = cur.expires_ms;
+        has_expiry = true;
+        if (cur.state == STORE_STATE_IN_PROGRESS && !op->force &&
+            !store_lease_is_held(cur.lease_id) && cur.lease_expires_ms > s->lease_now) {
+            res->outcome = STORE_BUSY;
+            res->lease_expires_ms = cur.lease_expires_ms;
+            return STORE_OK;
+        }
+    }
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    if (where == REC_NONE) {
+        res->outcome = STORE_NOT_FOUND;
+        return STORE_OK;
+    }
+    if (has_expiry) {
+        rc = index_del(s, txn, expires, op->key);
+    }
+    if (rc == STORE_OK) {
+        rc = record_del(s, txn, op->key, where);
+    }
+    if (rc == STORE_OK) {
+        res->outcome = STORE_DONE;
+    }
+    return rc;
+}
+
 static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t max_records,
                        size_t *deleted, bool *more, bool *changed);
 
@@ -1105,6 +1154,8 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
         size_t i = order != NULL ? order[j] : j;
         if (ops[i].kind == STORE_OP_ACQUIRE) {
             rc = do_acquire(s, txn, &sp, now, &ops[i], &res[i]);
+        } else if (ops[i].kind == STORE_OP_FORGET) {
+            rc = do_forget(s, txn, &ops[i], &res[i]);
         } else {
             rc = do_leased(s, txn, &sp, now, &ops[i], &res[i]);
         }

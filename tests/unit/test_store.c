@@ -2427,6 +2427,75 @@ static void test_ttl_on_a_negative_clock(void **state)
     store_record_clear(&rec);
 }
 
+static size_t index_entries(const char *path);
+
+/* forget (idemproxy forget-key): an operator's delete, outside the edges.
+ * A record goes with its index entry whatever its state, except a live
+ * IN_PROGRESS one, which needs force: its holder may still complete. */
+static void test_forget(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a, live, held, gone, h;
+    uint8_t key[STORE_KEY_BYTES];
+    enum store_outcome o = 0;
+
+    assert_int_equal(acquire(f->st, "done", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "done", a.lease_id, 60000, "charge-1"), STORE_DONE);
+    assert_int_equal(acquire(f->st, "live", 'a', 5000, 60000, &live), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "held", 'a', 5000, 60000, &held), STORE_ACQUIRED);
+    prep(&h, STORE_OP_EXTEND, "held", 'a');
+    memcpy(h.lease_id, held.lease_id, STORE_LEASE_ID_BYTES);
+    h.hold = true;
+    assert_int_equal(store_apply(f->st, &h, 1), 0);
+    assert_int_equal(acquire(f->st, "gone", 'a', 1000, 60000, &gone), STORE_ACQUIRED);
+    advance(f, 2000); /* gone's lease has ended: stealable */
+
+    key_of("done", key);
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+    assert_int_equal(state_of(f->st, "done"), STORE_STATE_ABSENT);
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_NOT_FOUND);
+    /* As if never used: a new acquire takes it. */
+    assert_int_equal(acquire(f->st, "done", 'b', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(store_forget(f->st, key, true, &o), 0);
+
+    key_of("held", key); /* held: nobody's to complete, so no force needed */
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+    key_of("gone", key);
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+
+    key_of("live", key);
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_BUSY);
+    assert_int_equal(state_of(f->st, "live"), STORE_STATE_IN_PROGRESS);
+    assert_int_equal(store_forget(f->st, key, true, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+    /* Its holder is fenced out. */
+    assert_int_equal(complete(f->st, "live", live.lease_id, 60000, "late"), STORE_FENCED);
+    assert_int_equal(state_of(f->st, "live"), STORE_STATE_ABSENT);
+
+    /* A damaged record goes too. */
+    assert_int_equal(acquire(f->st, "bad", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(complete(f->st, "bad", a.lease_id, 60000, "x"), STORE_DONE);
+    store_close(f->st);
+    f->st = NULL;
+    corrupt_record(f->path, "bad");
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    key_of("bad", key);
+    assert_int_equal(store_forget(f->st, key, false, &o), 0);
+    assert_int_equal(o, STORE_DONE);
+    assert_int_equal(state_of(f->st, "bad"), STORE_STATE_ABSENT);
+    store_close(f->st);
+    f->st = NULL;
+    /* Nothing left in the index but bad's, whose time the damage hid
+     * (purge drops it as stale). */
+    assert_int_equal(index_entries(f->path), 1);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+}
+
 /* ---- store full ---------------------------------------------------------- */
 
 static void test_store_full_then_purge_on_full(void **state)
@@ -3569,6 +3638,7 @@ int main(void)
         STORE_TEST(test_meta_write_enospc_is_a_dead_store),
         STORE_TEST(test_a_larger_map_elsewhere_is_a_dead_store),
         STORE_TEST(test_reader_slots_of_dead_processes_are_cleared_when_full),
+        STORE_TEST(test_forget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""An operator's look at one key, and its removal, beside a running proxy.
+
+`idemproxy show-key PATH SCOPE KEY` prints the key's record as JSON (state,
+times, the stored answer) from a read-only open; `forget-key` deletes it, so
+the key runs again when next sent. A request running now (a live lease) is
+not forgotten without --force. Keys are given as a client sends them (bare
+or as a structured-field string), and a route's scope_header value with
+--scope-header-value."""
+
+import json
+import subprocess
+import threading
+import unittest
+
+import harness
+
+
+class ShowAndForgetKey(harness.ProxyTestCase):
+    def tool(self, *args):
+        p = subprocess.run([harness.binary()] + list(args), stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=30)
+        out = p.stdout.decode("utf-8", "replace").strip()
+        return p.returncode, (json.loads(out) if out else None), p.stderr.decode("utf-8",
+                                                                                 "replace")
+
+    def test_show_then_forget_a_completed_key(self):
+        proxy = self.start_proxy()
+        first = self.post(proxy, "order-7", headers=[
+            ("X-Test-Response-Header", "Location: /v1/payments/7")])
+        self.assertExecuted(first)
+
+        rc, doc, err = self.tool("show-key", self.store_path, "payments", "order-7")
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(doc["found"])
+        self.assertEqual(doc["state"], "complete")
+        self.assertEqual(doc["status"], 201)
+        self.assertEqual(doc["body"].encode(), first.body)
+        self.assertIn(["Location", "/v1/payments/7"], doc["headers"])
+        self.assertEqual(doc["body_bytes"], len(first.body))
+        # The same short hash as the access log's "key".
+        logged = [e["key"] for e in proxy.access_log() if e.get("outcome") == "forwarded"]
+        self.assertEqual(logged, [doc["log_key"]])
+        # The structured-field form is the same key, as for the proxy.
+        rc, again, _ = self.tool("show-key", self.store_path, "payments", '"order-7"')
+        self.assertEqual((rc, again["record_key"]), (0, doc["record_key"]))
+        # Another scope, another key: none.
+        rc, none, _ = self.tool("show-key", self.store_path, "refunds", "order-7")
+        self.assertEqual(rc, 1)
+        self.assertFalse(none["found"])
+
+        rc, res, err = self.tool("forget-key", self.store_path, "payments", "order-7")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(res, {"forgotten": True, "outcome": "done", "was": "complete",
+                               "log_key": doc["log_key"]})
+        # The running proxy sees it gone: the key runs again.
+        self.assertExecuted(self.post(proxy, "order-7"))
+        self.assertEqual(self.upstream.count("order-7"), 2)
+        rc, res, _ = self.tool("forget-key", self.store_path, "payments", "nobody")
+        self.assertEqual((rc, res["outcome"]), (1, "not_found"))
+
+    def test_a_running_request_is_forgotten_only_with_force(self):
+        proxy = self.start_proxy()
+        answers = {}
+
+        def slow():
+            answers["first"] = self.post(proxy, "slow-1",
+                                         headers=[("X-Test-Delay-Ms", "1500")])
+
+        t = threading.Thread(target=slow)
+        t.start()
+        harness.wait_for(lambda: self.upstream.count("slow-1") == 1, timeout=10)
+        rc, doc, _ = self.tool("show-key", self.store_path, "payments", "slow-1")
+        self.assertEqual((rc, doc["state"], doc["held"]), (0, "in_progress", False))
+        rc, res, err = self.tool("forget-key", self.store_path, "payments", "slow-1")
+        self.assertEqual((rc, res["outcome"]), (3, "busy"))
+        self.assertIn("--force", err)
+        rc, res, err = self.tool("forget-key", self.store_path, "payments", "slow-1", "--force")
+        self.assertEqual((rc, res["outcome"], res["was"]), (0, "done", "in_progress"), err)
+        t.join()
+        # Its client still gets the upstream's answer; it is not stored (its
+        # holder was fenced out), so the key runs again when sent.
+        self.assertExecuted(answers["first"])
+        self.assertEqual([e["outcome"] for e in proxy.access_log()], ["fenced"])
+        rc, _, _ = self.tool("show-key", self.store_path, "payments", "slow-1")
+        self.assertEqual(rc, 1)
+        self.assertExecuted(self.post(proxy, "slow-1"))
+        self.assertEqual(self.upstream.count("slow-1"), 2)
+
+    def test_scope_header_value_and_bad_arguments(self):
+        proxy = self.start_proxy(scope_header="X-Tenant-Id")
+        self.assertExecuted(self.post(proxy, "t-1", headers=[("X-Tenant-Id", "acme")]))
+        rc, doc, _ = self.tool("show-key", self.store_path, "payments", "t-1",
+                               "--scope-header-value", "acme")
+        self.assertEqual((rc, doc["state"]), (0, "complete"))
+        for args in ((), ("--scope-header-value", "other")):
+            rc, _, _ = self.tool("show-key", self.store_path, "payments", "t-1", *args)
+            self.assertEqual(rc, 1, args)
+        for args, says in (((self.store_path, "payments"), "usage"),
+                           ((self.store_path, "payments", "bad key"), "KEY:"),
+                           ((self.store_path, "", "k"), "SCOPE"),
+                           ((self.store_path, "payments", "k", "--force"), "--force"),
+                           ((self.store_path + "-missing", "payments", "k"), "store")):
+            rc, _, err = self.tool("show-key", *args)
+            self.assertEqual(rc, 2, args)
+            self.assertIn(says, err, args)
+
+
+if __name__ == "__main__":
+    unittest.main()
