@@ -225,6 +225,18 @@ static enum upstream_parse_rc check_framing(struct upstream_parser *p)
     return UPSTREAM_PARSE_MORE;
 }
 
+/* A field pushed, or extended by a folded line: framing and Connection
+ * follow its value. */
+static enum upstream_parse_rc field_added(struct upstream_parser *p, const struct idem_header *f)
+{
+    if (name_is(f->name, f->name_len, "Content-Length") ||
+        name_is(f->name, f->name_len, "Transfer-Encoding"))
+        return check_framing(p);
+    if (name_is(f->name, f->name_len, "Connection") && list_has(f->value, f->value_len, "close"))
+        p->conn_close = true;
+    return UPSTREAM_PARSE_MORE;
+}
+
 static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const char *l, size_t n)
 {
     struct idem_headers *h = &p->resp.headers;
@@ -244,7 +256,12 @@ static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const 
             return too_large_head(p);
         if (idem_headers_extend_last(h, f.value, f.value_len) != 0)
             return UPSTREAM_PARSE_NOMEM;
-        return UPSTREAM_PARSE_MORE;
+        /* The folded value is the field's value (RFC 9112 section 5.2):
+         * what decided framing or the connection is decided again on it
+         * ("Transfer-Encoding: chunked" folded with ", gzip" is not
+         * chunked alone; "Content-Length: 5" folded with "6" is no
+         * length). */
+        return field_added(p, &h->v[h->n - 1]);
     case IDEM_FIELD_SKIP:
         return UPSTREAM_PARSE_MORE;
     case IDEM_FIELD_BAD:
@@ -258,12 +275,7 @@ static enum upstream_parse_rc parse_field_line(struct upstream_parser *p, const 
         return too_large_head(p);
     if (idem_headers_push(h, f.name, f.name_len, f.value, f.value_len) != 0)
         return UPSTREAM_PARSE_NOMEM;
-    if (name_is(f.name, f.name_len, "Content-Length") ||
-        name_is(f.name, f.name_len, "Transfer-Encoding"))
-        return check_framing(p);
-    if (name_is(f.name, f.name_len, "Connection") && list_has(f.value, f.value_len, "close"))
-        p->conn_close = true;
-    return UPSTREAM_PARSE_MORE;
+    return field_added(p, &h->v[h->n - 1]);
 }
 
 /* The empty line that ends a header section (RFC 9112 section 6.3). */

@@ -388,6 +388,32 @@ static void odd_fields_repaired(void **state)
     upstream_parser_clear(&p);
 }
 
+/* A folded line continues the field's value, and framing follows the
+ * value as folded: a fold could otherwise slip a coding past the
+ * "chunked alone" rule, and gzip bytes be stored as the body. */
+static void folded_framing_fields_are_checked(void **state)
+{
+    struct upstream_parser p;
+    static const char *const bad[] = {
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n , gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n 6\r\n\r\nhello!",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\t, x\r\n\r\n",
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(parse_all(&p, false, bad[i], false), UPSTREAM_PARSE_BROKEN);
+        upstream_parser_clear(&p);
+    }
+    /* Connection: keep-alive folded with close: not kept. */
+    assert_int_equal(parse_all(&p, false,
+                               "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n , close\r\n"
+                               "Content-Length: 0\r\n\r\n",
+                               false),
+                     UPSTREAM_PARSE_DONE);
+    assert_false(upstream_parse_keep_alive(&p));
+    upstream_parser_clear(&p);
+}
+
 static void field_line_without_name_is_broken(void **state)
 {
     struct upstream_parser p;
@@ -583,6 +609,7 @@ int main(void)
         cmocka_unit_test(chunk_size_line_too_long_broken),
         cmocka_unit_test(interim_answers_skipped),
         cmocka_unit_test(odd_fields_repaired),
+        cmocka_unit_test(folded_framing_fields_are_checked),
         cmocka_unit_test(field_line_without_name_is_broken),
         cmocka_unit_test(nul_in_field_line_is_broken),
         cmocka_unit_test(header_block_too_large),
