@@ -1399,10 +1399,14 @@ static void idle_sweep(struct upstream_pool *p, int64_t now_ms)
 }
 
 /* An idle connection for x, most recently used first, never one idle for
- * idle_timeout_ms or longer. A request that may not be resent checks that
- * the upstream has not closed it meanwhile (one peek), since a failure
- * after the write would be an unknown outcome. */
-static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int64_t now_ms)
+ * idle_timeout_ms or longer, checked with one peek: one the upstream has
+ * closed meanwhile is not taken (for a request that may not be resent, a
+ * failure after the write would be an unknown outcome), nor one with bytes
+ * waiting, which came after the last answer (a 408 at the upstream's idle
+ * timeout, or a body past its length) and would be read as this request's
+ * answer. The loop sees those only at its next epoll_wait, and a request
+ * may take the connection before. */
+static struct upstream_conn *idle_take(struct upstream_pool *p, int64_t now_ms)
 {
     while (p->idle != NULL) {
         struct upstream_conn *c = p->idle;
@@ -1416,8 +1420,6 @@ static struct upstream_conn *idle_take(struct upstream_pool *p, bool check, int6
             conn_close(p, c);
             continue;
         }
-        if (!check)
-            return c;
         if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
             (errno == EAGAIN || errno == EWOULDBLOCK))
             return c;
@@ -1548,7 +1550,7 @@ int upstream_start(struct upstream_pool *p, const struct upstream_request *req, 
     if (p->flight->next == NULL)
         p->next_expire_ms = now + EXPIRE_STEP_MS;
     *out = x;
-    c = idle_take(p, !x->may_retry, now);
+    c = idle_take(p, now);
     if (c != NULL) {
         c->x = x;
         x->conn = c;

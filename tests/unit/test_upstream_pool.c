@@ -36,6 +36,7 @@ struct rig {
     struct upstream_pool *pool;
     int done;                /* exchanges finished */
     enum idem_upstream_result last;
+    char last_body[256];     /* the last answer's body, when there was one */
 };
 
 static int setup(void **state)
@@ -99,6 +100,12 @@ static void pump(struct rig *r, int64_t ms, int until)
         upstream_expire(r->pool, idem_mono_ms());
         while ((x = upstream_take_done(r->pool)) != NULL) {
             r->last = upstream_exchange_result(x);
+            r->last_body[0] = '\0';
+            if (r->last == IDEM_UPSTREAM_RESPONSE) {
+                const struct upstream_response *resp = upstream_exchange_response(x);
+                snprintf(r->last_body, sizeof r->last_body, "%.*s", (int)resp->body_len,
+                         resp->body != NULL ? (const char *)resp->body : "");
+            }
             r->done++;
             upstream_exchange_free(x);
         }
@@ -247,12 +254,50 @@ static void too_old_behind_a_closed_one_not_reused(void **state)
     close(c);
 }
 
+/* Bytes the upstream sends after a complete answer (a 408 at its idle
+ * timeout, a body past its Content-Length, a HEAD answer's body) wait in
+ * the idle connection until the loop's next epoll_wait. A request taking
+ * the connection before that, a GET (one that may be resent) too, must not
+ * read them as its answer: the peek at take sees them, and the request
+ * goes on a new connection. */
+static void bytes_waiting_on_an_idle_connection_are_not_an_answer(void **state)
+{
+    struct rig *r = *state;
+    static const char stray[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray";
+    char line[128];
+    int a, b;
+
+    for (int i = 0; i < 2; i++) {
+        const char *method = i == 0 ? "GET" : "POST";
+        start(r, "GET", "/first");
+        a = accept_conn(r);
+        read_request(r, a, line, sizeof line);
+        answer(a);
+        pump(r, 2000, r->done + 1);
+        assert_string_equal(r->last_body, "ok");
+        assert_int_equal(send(a, stray, sizeof stray - 1, MSG_NOSIGNAL), (ssize_t)(sizeof stray - 1));
+        usleep(50 * 1000); /* arrived; the loop has not looked */
+        start(r, method, "/second");
+        b = accept_conn(r);
+        read_request(r, b, line, sizeof line);
+        assert_non_null(strstr(line, "/second"));
+        answer(b);
+        pump(r, 2000, r->done + 1);
+        assert_int_equal(r->last, IDEM_UPSTREAM_RESPONSE);
+        assert_string_equal(r->last_body, "ok");
+        close(a);
+        close(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(reused_within_the_timeout_and_closed_after, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(too_old_behind_a_closed_one_not_reused, setup, teardown),
+        cmocka_unit_test_setup_teardown(bytes_waiting_on_an_idle_connection_are_not_an_answer,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
