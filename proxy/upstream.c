@@ -1312,8 +1312,15 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs)
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
             rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
             if (rc != 0 && errno != EINPROGRESS) {
+                /* Marked down for what the address did (refused,
+                 * unreachable), not for this host's own shortage (no
+                 * local port, no buffers): every worker would pass over
+                 * a healthy address for ADDR_DOWN_MS. */
+                bool local = errno == EAGAIN || errno == EADDRNOTAVAIL || errno == ENOBUFS ||
+                             errno == ENOMEM || errno == EINTR;
                 close(fd);
-                addr_mark(p->o, addrs, ai, true);
+                if (!local)
+                    addr_mark(p->o, addrs, ai, true);
                 continue;
             }
             c = malloc(sizeof(*c) + p->buf_bytes);
@@ -1583,11 +1590,16 @@ void upstream_event(struct upstream_pool *p, int fd, uint32_t events)
          * socket took over. */
         int soerr = 0;
         socklen_t sl = sizeof(soerr);
+        struct sockaddr_storage peer;
+        socklen_t pl = sizeof(peer);
         if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
             x_conn_failed(x);
             return;
         }
-        if ((events & EPOLLOUT) == 0)
+        /* A socket still connecting has no error either: only a peer
+         * address says the connect is done (an EPOLLOUT in the batch may
+         * be the old descriptor's). */
+        if ((events & EPOLLOUT) == 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
             return;
         c->connecting = false;
         addr_mark(p->o, c->addrs, c->addr, false);
