@@ -1534,8 +1534,12 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
     r->response_status = r->resp_status;
     if (idem_decide_record(r->route, res, r->resp_status) == IDEM_RECORD_COMPLETE) {
         if (prepare_store_payload(r, &r->resp_headers) != 0) {
-            r->outcome = "released";
-            submit_settle(r, STORE_OP_RELEASE, 0);
+            /* Out of memory for the stored form: the action ran, so this is
+             * a result that cannot be stored (README, Failure policy), held
+             * as on_job holds a failed complete. Releasing would let the
+             * retry run it again. */
+            r->outcome = "unstored";
+            submit_settle(r, STORE_OP_EXTEND, 0);
             return;
         }
         r->outcome = res == IDEM_UPSTREAM_RESPONSE ? "forwarded" : "completed_unknown";
@@ -2286,6 +2290,15 @@ static void on_complete_request(struct request *r)
         return;
     }
     if (!r->keyed) {
+        if (r->w->drain_forced) {
+            /* Past the drain's deadline the worker stops within a grace
+             * second, cutting whatever is still open: a request forwarded
+             * now would run with nobody to tell. */
+            r->problem = "shutting-down";
+            respond(r, make_shutting_down("the proxy is stopping; nothing was forwarded; retry"),
+                    503, "unavailable");
+            return;
+        }
         if (start_upstream(r) != 0) {
             respond_problem(r, 502, "upstream-request-failed", "Upstream request failed",
                             "the request could not be forwarded", "error", 0, false);
@@ -2778,7 +2791,11 @@ static void tick(struct worker *w, int64_t now)
         struct request *next = r->next;
         if (r->state == RS_WAITING) {
             if (now >= r->wait_deadline_ms) {
-                respond_conflict(r);
+                /* One last look before the 409: the holder (in another
+                 * process, say) may have finished since the last poll, up
+                 * to POLL_MAX_MS ago. Still running: lookup answers 409,
+                 * the deadline being past, with the lease as it is now. */
+                lookup(r);
             } else if (now >= r->next_poll_ms) {
                 /* Another process may have settled the key. */
                 r->poll_step_ms = r->poll_step_ms * 2 > POLL_MAX_MS ? POLL_MAX_MS
@@ -3292,6 +3309,9 @@ static void worker_stop_daemon(struct worker *w)
 static void worker_fini(struct worker *w)
 {
     worker_stop_daemon(w);
+    /* The stop closes what is left, and the access-log lines of those
+     * requests are written on the way (on_completed). */
+    log_flush(w);
     while (w->inbox_keys != NULL) {
         struct inbox_key *next = w->inbox_keys->next;
         free(w->inbox_keys);

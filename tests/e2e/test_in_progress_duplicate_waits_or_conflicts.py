@@ -74,6 +74,41 @@ class InProgressDuplicate(harness.ProxyTestCase):
         self.assertReplayOf(self.post(proxy, "conflict-1"), r1)
         self.assertEqual(self.upstream.count("conflict-1"), 1)
 
+    def test_holder_in_another_process_finishing_just_before_the_wait_ends(self):
+        """A waiter polls a holder in another process every 10-200 ms. If the
+        holder completes after the last poll but before the wait ends, the
+        waiter looks once more at its deadline and replays, rather than
+        answering 409 for a record that is already COMPLETE. Holders that
+        finish in that gap (their client has its answer well before the
+        waiter has its own) must be replayed; a 409 is right only when the
+        holder finished about when the wait ended, or after."""
+        cfg = self.config(routes=[self.route(wait="1s")])
+        a = self.start_proxy(config=cfg, name="holder")
+        b = self.start_proxy(config=cfg, name="waiter")
+        in_gap = 0
+        for i, delay in enumerate((915, 930, 945, 960)):
+            key = "gap-%d" % i
+
+            def hold(key=key, delay=delay):
+                r = self.post(a, key, headers=[("X-Test-Delay-Ms", str(delay))])
+                return r, time.monotonic()
+
+            holder = in_thread(hold)
+            self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 3))
+            w = self.post(b, key)
+            t_waiter = time.monotonic()
+            h, t_holder = holder.result(10)
+            self.assertExecuted(h)
+            if t_holder < t_waiter - 0.045:
+                in_gap += 1
+                self.assertTrue(w.status == 201 and w.replayed,
+                                "%s: holder answered %.0f ms before the waiter's %r" % (
+                                    key, 1000 * (t_waiter - t_holder), w))
+            else:
+                self.assertIn(w.status, (201, 409), w)
+            self.assertEqual(self.upstream.count(key), 1)
+        self.note("holders finished in the last poll gap: %d of 4", in_gap)
+
     def test_wait_expires_into_409(self):
         proxy = self.start_proxy(wait="500ms", lease="3s", heartbeat="500ms")
         first = in_thread(self.post, proxy, "conflict-2", headers=[("X-Test-Delay-Ms", "2500")])

@@ -74,6 +74,36 @@ class SigtermDrains(harness.ProxyTestCase):
         self.assertTrue(r.json()["type"].endswith(":drain-timeout"), r)
         self.assertIn("drain_timeout", r.json()["detail"])
 
+    def test_pass_through_completed_after_the_deadline_is_not_forwarded(self):
+        """A client still sending its body at the drain's deadline finishes
+        it in the grace second before the stop: forwarding it then would run
+        an action whose answer the stop cuts. It gets 503 shutting-down,
+        nothing forwarded, and its access-log line is written."""
+        cfg = self.config(server={"drain_timeout": "1s"})
+        proxy = self.start_proxy(config=cfg)
+        body = b'{"amount":1}'
+        head = ("POST /v1/other HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: %d\r\n\r\n" % len(body)).encode()
+        s = socket.create_connection(("127.0.0.1", proxy.port))
+        self.addCleanup(s.close)
+        s.sendall(head + body[:3])
+        time.sleep(0.3)
+        proxy.terminate()
+        time.sleep(1.3)  # past drain_timeout, inside the grace
+        s.sendall(body[3:])
+        s.settimeout(8)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        self.assertEqual(proxy.wait_exit(10), 0, proxy.stderr())
+        self.assertTrue(data.startswith(b"HTTP/1.1 503"), data[:200])
+        self.assertIn(b"shutting-down", data)
+        self.assertEqual(self.upstream.total(), 0)
+        self.assertIn((503, "/v1/other"), [(e["status"], e["path"]) for e in proxy.access_log()])
+
     def test_sigint_also_exits_0(self):
         proxy = self.start_proxy()
         self.assertExecuted(self.post(proxy, "int-1"))
