@@ -104,6 +104,19 @@ class SigtermDrains(harness.ProxyTestCase):
         self.assertEqual(self.upstream.total(), 0)
         self.assertIn((503, "/v1/other"), [(e["status"], e["path"]) for e in proxy.access_log()])
 
+    def test_a_request_the_stop_cuts_is_logged(self):
+        """A client that never finishes its body is closed by the stop, and
+        its access-log line is still written."""
+        cfg = self.config(server={"drain_timeout": "500ms"})
+        proxy = self.start_proxy(config=cfg)
+        s = socket.create_connection(("127.0.0.1", proxy.port))
+        self.addCleanup(s.close)
+        s.sendall(b"POST /v1/other HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+        time.sleep(0.3)
+        proxy.terminate()
+        self.assertEqual(proxy.wait_exit(10), 0, proxy.stderr())
+        self.assertIn("/v1/other", [e["path"] for e in proxy.access_log()])
+
     def test_sigint_also_exits_0(self):
         proxy = self.start_proxy()
         self.assertExecuted(self.post(proxy, "int-1"))
