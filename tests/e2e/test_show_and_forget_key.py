@@ -39,7 +39,8 @@ class ShowAndForgetKey(harness.ProxyTestCase):
         self.assertIn(["Location", "/v1/payments/7"], doc["headers"])
         self.assertEqual(doc["body_bytes"], len(first.body))
         # The same short hash as the access log's "key".
-        logged = [e["key"] for e in proxy.access_log() if e.get("outcome") == "forwarded"]
+        # (The log is written a little after the answer.)
+        logged = [e["key"] for e in proxy.wait_access_log(1) if e.get("outcome") == "forwarded"]
         self.assertEqual(logged, [doc["log_key"]])
         # The structured-field form is the same key, as for the proxy.
         rc, again, _ = self.tool("show-key", self.store_path, "payments", '"order-7"')
@@ -81,7 +82,7 @@ class ShowAndForgetKey(harness.ProxyTestCase):
         # Its client still gets the upstream's answer; it is not stored (its
         # holder was fenced out), so the key runs again when sent.
         self.assertExecuted(answers["first"])
-        self.assertEqual([e["outcome"] for e in proxy.access_log()], ["fenced"])
+        self.assertEqual([e["outcome"] for e in proxy.wait_access_log(1)], ["fenced"])
         rc, _, _ = self.tool("show-key", self.store_path, "payments", "slow-1")
         self.assertEqual(rc, 1)
         self.assertExecuted(self.post(proxy, "slow-1"))
