@@ -321,17 +321,6 @@ bool idem_is_json_media_type(const char *ct)
     return len > 5 && memchr(ct, '/', len) != NULL && strncasecmp(ct + len - 5, "+json", 5) == 0;
 }
 
-/* Canonical JSON: sorted keys, compact, numbers as written
- * (canonical_json.h). NULL when the body is not JSON (or memory ran out). */
-static char *canonical_json(const void *body, size_t len, size_t *out_len)
-{
-    char *s = NULL;
-
-    if (idem_canonical_json(body, len, &s, out_len) != 0)
-        return NULL;
-    return s;
-}
-
 /* SHA-256 over method, target and body bytes. NUL separators: a method or
  * target never holds NUL, so the fields cannot run into each other. */
 static int hash_request(const char *method, const char *target, size_t target_len, const void *body,
@@ -379,12 +368,19 @@ int idem_fingerprints_canonical(struct idem_fingerprints *fp)
     if (fp->canonical_ready)
         goto out;
     /* Only a JSON body under AUTO gets here (idem_fingerprints_init). One
-     * that does not parse is hashed as sent, so canonical equals raw. */
-    canon = canonical_json(fp->body, fp->body_len, &canon_len);
-    if (canon != NULL)
+     * that does not parse is hashed as sent, so canonical equals raw. One
+     * that memory ran out for is an error: its raw hash, stored as the
+     * canonical fingerprint, would make every retry in another key order a
+     * 422 for the record's whole TTL. */
+    rc = idem_canonical_json(fp->body, fp->body_len, &canon, &canon_len);
+    if (rc == 0) {
         rc = hash_request(fp->method, fp->target, fp->target_len, canon, canon_len, fp->canonical);
-    else
+    } else if (rc == IDEM_CJSON_NOT_JSON) {
         memcpy(fp->canonical, fp->raw, STORE_FINGERPRINT_BYTES);
+        rc = 0;
+    } else {
+        rc = -1;
+    }
     fp->canonical_ready = rc == 0;
 out:
     free(canon);

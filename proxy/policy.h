@@ -128,7 +128,8 @@ int idem_fingerprints_init(struct idem_fingerprints *fp, const char *method, con
                            size_t target_len, const char *content_type, const void *body,
                            size_t body_len, enum config_fingerprint mode);
 /* Makes fp->canonical valid (a no-op when it already is). 0, or -1 when
- * hashing fails. */
+ * hashing or canonicalising fails (out of memory; a body that is not JSON
+ * is not a failure: it is hashed as sent). */
 int idem_fingerprints_canonical(struct idem_fingerprints *fp);
 
 /* The canonical fingerprint alone, in one call. */

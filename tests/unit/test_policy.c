@@ -1339,6 +1339,56 @@ static void test_lookup_acquire_makes_canonical(void **state)
     assert_true(fp.canonical_ready);
 }
 
+/* Allocation failure on demand: this test is linked with --wrap=realloc
+ * (tests/unit/CMakeLists.txt), and realloc is what the canonicaliser's
+ * buffers grow with. */
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static bool realloc_fails;
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return realloc_fails ? NULL : __real_realloc(p, n);
+}
+
+/* A canonical fingerprint that memory ran out for is an error, not the raw
+ * one. Taken for the raw one, a first request stored its raw hash as the
+ * canonical fingerprint, and every retry of that key with its JSON in
+ * another key order was a 422 for the record's whole TTL; a retry looked up
+ * then was a 422 at once. */
+static void test_lookup_canonical_out_of_memory_is_an_error(void **state)
+{
+    struct store_record rec;
+    struct idem_fingerprints fp;
+    enum idem_lookup_action action;
+    uint8_t want[STORE_FINGERPRINT_BYTES];
+
+    (void)state;
+    /* No record: the acquire would store the fingerprint. */
+    memset(&rec, 0, sizeof(rec));
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    realloc_fails = true;
+    action = idem_decide_lookup(&rec, &fp, now_ms, now_ms);
+    realloc_fails = false;
+    assert_int_equal(action, IDEM_LOOKUP_ERROR);
+    assert_false(fp.canonical_ready);
+    /* With memory again, the real canonical fingerprint. */
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_ACQUIRE);
+    assert_int_equal(idem_fingerprint("POST", "/v1/payments", 12, "application/json", pay_a,
+                                      strlen(pay_a), CONFIG_FINGERPRINT_AUTO, want),
+                     0);
+    assert_memory_equal(fp.canonical, want, sizeof(want));
+
+    /* A live record of the same request in another key order: not a 422. */
+    record_of(&rec, pay_a, false);
+    request_fp(&fp, pay_a_reordered, "application/json", CONFIG_FINGERPRINT_AUTO);
+    realloc_fails = true;
+    action = idem_decide_lookup(&rec, &fp, now_ms, now_ms);
+    realloc_fails = false;
+    assert_int_equal(action, IDEM_LOOKUP_ERROR);
+    assert_int_equal(idem_decide_lookup(&rec, &fp, now_ms, now_ms), IDEM_LOOKUP_REPLAY);
+}
+
 /* Where canonicalisation does not apply, raw and canonical are one hash,
  * computed once by init. */
 static void test_fingerprints_one_hash_when_not_canonicalised(void **state)
@@ -1582,6 +1632,7 @@ int main(void)
         cmocka_unit_test(test_lookup_different_body_mismatch),
         cmocka_unit_test(test_lookup_v1_record_uses_canonical),
         cmocka_unit_test(test_lookup_acquire_makes_canonical),
+        cmocka_unit_test(test_lookup_canonical_out_of_memory_is_an_error),
         cmocka_unit_test(test_fingerprint_known_answer),
         cmocka_unit_test(test_fingerprint_raw_mode),
         cmocka_unit_test(test_fingerprint_non_json_hashed_raw),
