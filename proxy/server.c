@@ -971,6 +971,8 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
 
 /* ---- upstream (libcurl) ---------------------------------------------- */
 
+static bool ieq_trim(const char *v, const char *word);
+
 static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *userdata)
 {
     struct request *r = userdata;
@@ -1003,6 +1005,18 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
     case IDEM_FIELD_FOLD:
         if (r->resp_headers.n == 0)
             return len;
+        {
+            /* libcurl framed the answer on the field's first line alone
+             * ("Transfer-Encoding: chunked" folded with ", gzip": gzip bytes
+             * de-chunked and taken for the body); the folded value is the
+             * field's (RFC 9112 section 5.2), so the framing is unknown. */
+            const struct idem_header *last = &r->resp_headers.v[r->resp_headers.n - 1];
+            if (strcasecmp(last->name, "Content-Length") == 0 ||
+                strcasecmp(last->name, "Transfer-Encoding") == 0) {
+                r->resp_bad_framing = true;
+                return 0;
+            }
+        }
         if (answer_header_bytes(&r->resp_headers) + 1 + f.value_len >
             response_header_max(r->w->srv->cfg)) {
             r->resp_too_large = true;
@@ -1032,18 +1046,24 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
             return 0;
         /* Ambiguous response framing (RFC 9112 section 6.3): two differing
          * Content-Lengths, or Content-Length with Transfer-Encoding. libcurl
-         * picks one reading; the outcome is unknown, not a response. */
+         * picks one reading; the outcome is unknown, not a response. So is
+         * a Transfer-Encoding other than one "chunked", as the native
+         * client holds: the field is dropped (hop by hop), and libcurl
+         * 7.88 answered "gzip, chunked" with an empty body, a 201 stored. */
         if ((name_len == 14 && strncasecmp(buf, "Content-Length", 14) == 0) ||
             (name_len == 17 && strncasecmp(buf, "Transfer-Encoding", 17) == 0)) {
             const struct idem_header *cl = idem_headers_find(&r->resp_headers, "Content-Length");
-            bool te = idem_headers_find(&r->resp_headers, "Transfer-Encoding") != NULL;
+            const struct idem_header *te = idem_headers_find(&r->resp_headers, "Transfer-Encoding");
             bool differ = false;
             for (size_t i = 0; cl != NULL && i < r->resp_headers.n; i++) {
                 const struct idem_header *h = &r->resp_headers.v[i];
                 if (strcasecmp(h->name, "Content-Length") == 0 && strcmp(h->value, cl->value) != 0)
                     differ = true;
             }
-            if (differ || (te && cl != NULL)) {
+            if (te != NULL && (!ieq_trim(te->value, "chunked") ||
+                               idem_headers_count(&r->resp_headers, "Transfer-Encoding") > 1))
+                differ = true;
+            if (differ || (te != NULL && cl != NULL)) {
                 r->resp_bad_framing = true;
                 return 0;
             }

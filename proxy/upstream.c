@@ -200,7 +200,9 @@ static enum upstream_parse_rc check_framing(struct upstream_parser *p)
             /* Only "chunked" alone: the proxy removes the field (hop by
              * hop), so any other coding ("gzip", "gzip, chunked") would
              * leave encoded bytes passed off, and stored, as the body.
-             * libcurl failed such an answer too. A second field likewise. */
+             * A second field likewise. The libcurl path refuses the same
+             * (on_upstream_header(): libcurl 7.88 took "gzip, chunked"
+             * for an empty body). */
             if (te || !last_coding_chunked(f->value, f->value_len) ||
                 memchr(f->value, ',', f->value_len) != NULL)
                 return UPSTREAM_PARSE_BROKEN;
