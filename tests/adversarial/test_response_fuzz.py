@@ -15,7 +15,8 @@ random places. Each case is one key, sent twice:
     same status, same body, same X-R) and the upstream ran the case once. A
     5xx releases the key: the second request runs again;
   * an answer the RFC forbids (two Content-Lengths, Content-Length with
-    Transfer-Encoding, a bad chunk size, a bad status line, a NUL or a bare LF
+    Transfer-Encoding, a transfer coding other than one chunked, a folded
+    Content-Length or Transfer-Encoding, a bad chunk size, a bad status line, a NUL or a bare LF
     in the head, a body cut short): 502 and the key released, so the second
     request runs again (on the quarter of the keys whose route has
     on_unknown "complete": that 502 stored and replayed, run once); the
@@ -123,7 +124,8 @@ class Recipe:
         self.invalid_why = None
         if self.kind == "invalid":
             why = rng.choice(["two-cl", "cl-te", "bad-chunk", "bad-status", "nul-in-head",
-                              "bare-lf", "cut-short", "no-colon", "bad-status-sp"])
+                              "bare-lf", "cut-short", "no-colon", "bad-status-sp", "te-coding",
+                              "folded-framing"])
             self.invalid_why = why
             self.close_after = True
             if self.status in (204, 304) or self.framing == "close":
@@ -168,6 +170,26 @@ class Recipe:
                 wire = self.body
             elif why == "no-colon":
                 head.append(b"X-No-Colon")
+            elif why == "te-coding":
+                # A coding the proxy cannot undo (it drops the field, hop by
+                # hop): the body as framed is not the answer's body.
+                head = [h for h in head if not h.lower().startswith((b"content-length",
+                                                                     b"transfer-encoding"))]
+                head.append(rng.choice([b"Transfer-Encoding: gzip, chunked",
+                                        b"Transfer-Encoding: chunked, chunked",
+                                        b"Transfer-Encoding: x-custom, chunked"]))
+                wire = chunked(rng, self.body)
+            elif why == "folded-framing":
+                # obs-fold: the folded value is the field's (RFC 9112 5.2),
+                # so a reader framing on the first line alone is wrong.
+                head = [h for h in head if not h.lower().startswith((b"content-length",
+                                                                     b"transfer-encoding"))]
+                if rng.random() < 0.5:
+                    head += [b"Transfer-Encoding: chunked", rng.choice([b" , gzip", b"\tgzip"])]
+                    wire = chunked(rng, self.body)
+                else:
+                    head += [b"Content-Length: %d" % len(self.body), b" %d" % len(self.body)]
+                    wire = self.body
         self.bytes = interim + b"\r\n".join(head) + b"\r\n\r\n" + wire
         if self.kind in ("havoc", "wild"):
             data = bytearray(self.bytes)
