@@ -303,10 +303,19 @@ void idem_key_loghash(const char *scope, const char *key, size_t key_len, char o
 
 /* ---- fingerprint ------------------------------------------------------ */
 
+/* RFC 9110 section 5.6.2: tchar. */
+static bool is_tchar(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
 bool idem_is_json_media_type(const char *ct)
 {
     size_t len;
+    size_t slashes = 0;
     const char *semi;
+    const char *slash;
 
     if (ct == NULL)
         return false;
@@ -316,9 +325,22 @@ bool idem_is_json_media_type(const char *ct)
     len = semi ? (size_t)(semi - ct) : strlen(ct);
     while (len > 0 && (ct[len - 1] == ' ' || ct[len - 1] == '\t'))
         len--;
+    /* One media type, type "/" subtype, both tokens (RFC 9110 section
+     * 8.3.1). A list ("text/plain, application/x+json") or junk that only
+     * ends in "+json" is not one: canonicalised, its reordered body, which
+     * an upstream reading "text/plain" tells apart, would be replayed. */
+    for (size_t i = 0; i < len; i++) {
+        if (ct[i] == '/')
+            slashes++;
+        else if (!is_tchar((unsigned char)ct[i]))
+            return false;
+    }
+    slash = memchr(ct, '/', len);
+    if (slashes != 1 || slash == ct || slash == ct + len - 1)
+        return false;
     if (len == 16 && strncasecmp(ct, "application/json", 16) == 0)
         return true;
-    return len > 5 && memchr(ct, '/', len) != NULL && strncasecmp(ct + len - 5, "+json", 5) == 0;
+    return len > 5 && strncasecmp(ct + len - 5, "+json", 5) == 0;
 }
 
 /* SHA-256 over method, target and body bytes. NUL separators: a method or

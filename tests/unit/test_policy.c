@@ -545,6 +545,16 @@ static void test_is_json_media_type(void **state)
     assert_false(idem_is_json_media_type("application/jsonp"));
     assert_false(idem_is_json_media_type("+json"));
     assert_false(idem_is_json_media_type("text/plain; x=+json"));
+    /* One media type, type "/" subtype of tokens (RFC 9110 section 8.3.1).
+     * A list or junk that merely ends in "+json" is not JSON: canonicalised,
+     * `{"a":1,"b":2}` and `{"b":2,"a":1}` as text/plain were one request. */
+    assert_false(idem_is_json_media_type("text/plain, application/vnd.api+json"));
+    assert_false(idem_is_json_media_type("text/plain,application/x+json"));
+    assert_false(idem_is_json_media_type("text/plain application/x+json"));
+    assert_false(idem_is_json_media_type("text/x/y+json"));
+    assert_false(idem_is_json_media_type("(comment) application/x+json"));
+    assert_false(idem_is_json_media_type("/x+json"));
+    assert_false(idem_is_json_media_type("\"application/json\""));
 }
 
 /* ---- scope -------------------------------------------------------------- */
