@@ -557,6 +557,14 @@ static void respond_problem(struct request *r, int status, const char *slug, con
     respond(r, resp, status, outcome);
 }
 
+/* Out of memory before anything was forwarded: 503, a retry may fit. */
+#define HOLD_FAILED "the proxy could not hold this request; nothing was forwarded"
+static void respond_oom(struct request *r, const char *detail, bool close_conn)
+{
+    respond_problem(r, 503, "out-of-memory", "Out of memory", detail, "unavailable", 1,
+                    close_conn);
+}
+
 static void respond_unavailable(struct request *r, const char *detail)
 {
     respond_problem(r, 503, "store-unavailable", "Store unavailable", detail, "unavailable", 1,
@@ -1697,8 +1705,11 @@ static void lookup(struct request *r)
         suspend(r);
         break;
     case IDEM_LOOKUP_ERROR:
-        respond_problem(r, 500, "internal", "Internal error", "fingerprint failed", "error", 0,
-                        false);
+        /* The canonical fingerprint ran out of memory: a retry may fit. */
+        respond_oom(r,
+                    "the proxy could not compare this request with its key's; nothing was "
+                    "forwarded",
+                    false);
         break;
     }
 out:
@@ -2022,7 +2033,7 @@ static bool on_headers(struct request *r, const char *method, const char *versio
 
     r->method = strdup(method);
     if (r->method == NULL) {
-        respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0, true);
+        respond_oom(r, HOLD_FAILED, true);
         return false;
     }
     r->http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
@@ -2067,9 +2078,7 @@ static bool on_headers(struct request *r, const char *method, const char *versio
     if (r->reject_status == 0 &&
         (MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, collect_header, r) < 0 ||
          r->oom)) {
-        respond_problem(r, 503, "out-of-memory", "Out of memory",
-                        "the proxy could not hold this request; nothing was forwarded",
-                        "unavailable", 1, true);
+        respond_oom(r, HOLD_FAILED, true);
         return false;
     }
     if (r->line_end != NULL && (uintptr_t)r->line_end + 4 != block_end)
@@ -2208,8 +2217,7 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         }
         r->key = malloc(r->route->max_key_length + 1);
         if (r->key == NULL) {
-            respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0,
-                            true);
+            respond_oom(r, HOLD_FAILED, true);
             return false;
         }
         ks = idem_key_parse(kh->value, kh->value_len, r->route->max_key_length, r->key,
@@ -2236,8 +2244,7 @@ static bool on_headers(struct request *r, const char *method, const char *versio
         }
         if (idem_scope_build(r->route, sh ? sh->value : NULL, sh ? sh->value_len : 0, &r->scope,
                              &r->scope_len) != 0) {
-            respond_problem(r, 500, "internal", "Internal error", "out of memory", "error", 0,
-                            true);
+            respond_oom(r, HOLD_FAILED, true);
             return false;
         }
     }
@@ -2297,9 +2304,7 @@ static bool append_body(struct request *r, const char *data, size_t len)
 static void on_complete_request(struct request *r)
 {
     if (r->oom) {
-        respond_problem(r, 503, "out-of-memory", "Out of memory",
-                        "the proxy could not hold this request; nothing was forwarded",
-                        "unavailable", 1, true);
+        respond_oom(r, HOLD_FAILED, true);
         return;
     }
     if (r->body_too_large) {
@@ -2332,8 +2337,7 @@ static void on_complete_request(struct request *r)
         if (idem_fingerprints_init(&r->fp, r->method, r->target, r->target_len,
                                    ct ? ct->value : NULL, r->body, r->body_len,
                                    r->route->fingerprint) != 0) {
-            respond_problem(r, 500, "internal", "Internal error", "fingerprint failed", "error",
-                            0, false);
+            respond_oom(r, "the proxy could not hash this request; nothing was forwarded", false);
             return;
         }
     }
