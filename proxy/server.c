@@ -2215,6 +2215,16 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                             false);
             return false;
         }
+        /* Content-Type decides how the body is compared (its fingerprint)
+         * and is no list (RFC 9110 section 8.3): with two, the proxy could
+         * compare by one and the upstream read the other, and replay an
+         * answer to a body it would read as different. */
+        if (idem_headers_count(&r->headers, "Content-Type") > 1) {
+            respond_problem(r, 400, "bad-request", "Bad request",
+                            "the Content-Type header appears more than once", "rejected", 0,
+                            false);
+            return false;
+        }
         r->key = malloc(r->route->max_key_length + 1);
         if (r->key == NULL) {
             respond_oom(r, HOLD_FAILED, true);
