@@ -30,6 +30,12 @@
 #define MAX_CONNECTIONS 1000000
 #define MIN_MAP_SIZE CONFIG_MIB
 #define MIN_HEADER_MEMORY (4 * CONFIG_KIB)
+/* libmicrohttpd allocates header_memory x 1.5 (the answer's header block
+ * included) for every connection: "65536GiB" passed check-config, and the
+ * first connection's allocation then failed (under ASan: an abort). 1 MiB
+ * is 128 times nginx's 8 KiB header buffer, and 6 GiB resident at the
+ * default max_connections already. */
+#define MAX_HEADER_MEMORY CONFIG_MIB
 /* Below a few KiB every ordinary answer (a JSON object, a problem+json
  * error) is "too large": each keyed request would run its action, get 502
  * and be released, and each retry would run it again. 4 KiB is one page,
@@ -1240,6 +1246,8 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = check_positive(cfg->server.client_timeout_ms, "server.client_timeout", e);
     else if (cfg->server.header_memory_bytes < MIN_HEADER_MEMORY)
         rc = invalid(e, "server.header_memory", "must be at least 4KiB");
+    else if (cfg->server.header_memory_bytes > MAX_HEADER_MEMORY)
+        rc = invalid(e, "server.header_memory", "must be at most 1MiB");
     else if (cfg->server.drain_timeout_ms < 0)
         rc = check_not_negative(cfg->server.drain_timeout_ms, "server.drain_timeout", e);
     else if (cfg->n_routes == 0 || cfg->routes == NULL)
