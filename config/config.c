@@ -77,6 +77,8 @@ struct route_seen {
     bool strip_headers;
 };
 
+static bool route_has_method(const struct config_route *r, const char *method);
+static bool route_matches_path(const struct config_route *r, const char *path, size_t path_len);
 static int fail(struct errbuf *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int invalid(struct errbuf *e, const char *field, const char *fmt, ...)
@@ -1192,6 +1194,54 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
     return rc;
 }
 
+/* Whether route a, tried before b, takes every request b would match for
+ * method m: a has m, and a's path covers all of b's. A prefix route covers
+ * any route whose own path it matches (the paths b matches extend that one
+ * past a's segment boundary); an exact route only an exact route on the
+ * same path. */
+static bool route_shadows(const struct config_route *a, const struct config_route *b,
+                          const char *m)
+{
+    bool covers;
+
+    if (a->match == CONFIG_MATCH_EXACT)
+        covers = b->match == CONFIG_MATCH_EXACT && strcmp(a->path, b->path) == 0;
+    else
+        covers = route_matches_path(a, b->path, strlen(b->path));
+    return covers && route_has_method(a, m);
+}
+
+/* Routes are tried in order and the first match wins (CONTRACT.md section
+ * 4), so a route whose path and methods earlier ones already cover is
+ * never used: its scope, ttl and require_key would silently not apply
+ * ("/" first, then "/v1/payments"). */
+static int check_reachable(const struct config *cfg, size_t index, struct errbuf *e)
+{
+    const struct config_route *r = &cfg->routes[index];
+    char field[FIELD_LEN];
+    char q[QUOTE_LEN];
+    size_t by = 0; /* the route that takes its first method */
+    bool reachable = false;
+    int rc = CONFIG_OK;
+
+    for (size_t m = 0; !reachable && m < r->n_methods; m++) {
+        size_t i = 0;
+        while (i < index && !route_shadows(&cfg->routes[i], r, r->methods[m]))
+            i++;
+        reachable = i == index;
+        if (m == 0)
+            by = i;
+    }
+    if (!reachable) {
+        snprintf(field, sizeof field, "routes[%zu].path", index);
+        config_quote(r->path, q, sizeof q);
+        rc = invalid(e, field, "%s is never matched: routes[%zu] comes first and takes its "
+                               "requests (for every method it lists)",
+                     q, by);
+    }
+    return rc;
+}
+
 static int check_config(const struct config *cfg, bool need_upstream, struct errbuf *e)
 {
     size_t i;
@@ -1254,6 +1304,8 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "routes", "must not be empty");
     for (i = 0; rc == CONFIG_OK && i < cfg->n_routes; i++)
         rc = check_route(&cfg->routes[i], i, e);
+    for (i = 1; rc == CONFIG_OK && i < cfg->n_routes; i++)
+        rc = check_reachable(cfg, i, e);
 out:
     return rc;
 }

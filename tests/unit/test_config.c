@@ -702,8 +702,8 @@ static void test_dump_round_trip(void **state)
         "   \"fingerprint\": \"raw\", \"max_body\": 0, \"max_key_length\": 4096,"
         "   \"release_on\": [\"4xx\", 503, \"1xx\", 599], \"on_unknown\": \"complete\","
         "   \"strip_headers\": []},"
-        "  {\"path\": \"/\", \"release_on\": []},"
-        "  {\"path\": \"/x\", \"release_on\": [100, 199, \"2xx\", 300, 399, 500]}"
+        "  {\"path\": \"/x\", \"release_on\": [100, 199, \"2xx\", 300, 399, 500]},"
+        "  {\"path\": \"/\", \"release_on\": []}"
         " ]}");
 }
 
