@@ -525,6 +525,36 @@ out:
     return rc;
 }
 
+/* A header name or value as a JSON string: as UTF-8 when it is, else each
+ * byte as the ISO-8859-1 character it was in HTTP's past (RFC 9110 section
+ * 5.5, obs-text), so a value the proxy replays is never left out. NULL only
+ * when memory ran out. */
+static json_t *header_text(const char *s, size_t len)
+{
+    json_t *v = json_stringn(s, len);
+    char *text = NULL;
+    size_t n = 0;
+
+    if (v != NULL)
+        goto out;
+    text = malloc(2 * len + 1);
+    if (text == NULL)
+        goto out;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            text[n++] = (char)c;
+        } else {
+            text[n++] = (char)(0xc0 | (c >> 6));
+            text[n++] = (char)(0x80 | (c & 0x3f));
+        }
+    }
+    v = json_stringn(text, n);
+out:
+    free(text);
+    return v;
+}
+
 /* The record as JSON (show-key): its state and times as check-store shows
  * them, and the stored answer, body as a string when it is UTF-8 (else
  * body_base64 is not given: body_bytes says how long it is). */
@@ -556,10 +586,12 @@ static json_t *record_json(const struct key_args *ka, const struct store_record 
     if (rec->state == STORE_STATE_COMPLETE) {
         json_object_set_new(o, "status", json_integer(rec->status));
         if (idem_headers_decode(rec->headers, rec->headers_len, &h) == 0) {
-            for (size_t i = 0; i < h.n; i++)
-                json_array_append_new(headers,
-                                      json_pack("[s#s#]", h.v[i].name, (int)h.v[i].name_len,
-                                                h.v[i].value, (int)h.v[i].value_len));
+            for (size_t i = 0; i < h.n; i++) {
+                json_t *pair = json_array();
+                json_array_append_new(pair, header_text(h.v[i].name, h.v[i].name_len));
+                json_array_append_new(pair, header_text(h.v[i].value, h.v[i].value_len));
+                json_array_append_new(headers, pair);
+            }
         }
         idem_headers_clear(&h);
         json_object_set_new(o, "headers", headers);

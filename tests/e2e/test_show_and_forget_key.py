@@ -60,6 +60,19 @@ class ShowAndForgetKey(harness.ProxyTestCase):
         rc, res, _ = self.tool("forget-key", self.store_path, "payments", "nobody")
         self.assertEqual((rc, res["outcome"]), (1, "not_found"))
 
+    def test_a_header_value_that_is_not_utf8_is_shown(self):
+        # obs-text (RFC 9110 section 5.5): the upstream's byte 0xE9 is stored
+        # and replayed; show-key used to leave the whole header out.
+        proxy = self.start_proxy()
+        first = self.post(proxy, "latin-1", headers=[
+            ("X-Test-Response-Header", "X-Name: caf\u00e9")])
+        self.assertExecuted(first)
+        self.assertEqual(first.header("X-Name"), "caf\u00e9")
+        rc, doc, err = self.tool("show-key", self.store_path, "payments", "latin-1")
+        self.assertEqual(rc, 0, err)
+        self.assertIn(["X-Name", "caf\u00e9"], doc["headers"])
+        self.assertIn(["X-Charge-Id", "ch_1"], doc["headers"])
+
     def test_a_running_request_is_forgotten_only_with_force(self):
         proxy = self.start_proxy()
         answers = {}
