@@ -10,6 +10,7 @@
  */
 #include "config_internal.h"
 
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -256,6 +257,22 @@ static bool ipv4_form_ok(const char *s, size_t len)
     return octets == 4;
 }
 
+/* An IPv6 address as inet_pton() reads it ("::1", "::ffff:1.2.3.4"). The
+ * characters alone let "[:]" and "[::1::2]" through: check-config passed
+ * them, then the listen address did not resolve at start, and an upstream
+ * "did not resolve (yet)", every request 502, for as long as it ran. */
+static bool ipv6_ok(const char *s, size_t len)
+{
+    char text[INET6_ADDRSTRLEN];
+    struct in6_addr addr;
+
+    if (len >= sizeof text)
+        return false;
+    memcpy(text, s, len);
+    text[len] = '\0';
+    return inet_pton(AF_INET6, text, &addr) == 1;
+}
+
 static enum config_addr scan_host_port(const char *s, size_t len, bool host_required,
                                        bool port_required)
 {
@@ -276,7 +293,7 @@ static enum config_addr scan_host_port(const char *s, size_t len, bool host_requ
                 goto out;
             has_colon = has_colon || s[i] == ':';
         }
-        if (!has_colon)
+        if (!has_colon || !ipv6_ok(s + 1, host_len))
             goto out;
         i = host_len + 2; /* just past ']' */
         if (i < len) {
