@@ -1383,6 +1383,31 @@ static size_t bom_length(const char *text, size_t len)
     return len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
 }
 
+/* jansson reads a NUL byte as the end of the text, and then says "end of
+ * file expected near end of file" (a NUL after the object) or "'[' or '{'
+ * expected near end of file" (a UTF-16 file, which Windows editors write):
+ * nothing about what is wrong. The position is jansson's: line, byte. */
+static int nul_byte_error(const char *text, size_t len, const char *path, struct errbuf *e)
+{
+    const char *nul = memchr(text, '\0', len);
+    int line = 1;
+    int column = 0;
+    int rc = CONFIG_OK;
+
+    if (nul != NULL) {
+        for (const char *p = text; p <= nul; p++) {
+            column++;
+            if (*p == '\n' && p < nul) {
+                line++;
+                column = 0;
+            }
+        }
+        rc = fail(e, CONFIG_EINVAL, "%s:%d:%d: a NUL byte: the file is not UTF-8 text (UTF-16?)",
+                  path, line, column);
+    }
+    return rc;
+}
+
 static int parse_error(const json_error_t *jerr, const char *path, struct errbuf *e)
 {
     int code = json_error_code(jerr) == json_error_out_of_memory ? CONFIG_ENOMEM : CONFIG_EINVAL;
@@ -1427,6 +1452,9 @@ int config_load_file(const char *path, struct config **out, char *err, size_t er
 
     *out = NULL;
     rc = read_file(path, &text, &len, &e);
+    if (rc != CONFIG_OK)
+        goto out;
+    rc = nul_byte_error(text, len, path, &e);
     if (rc != CONFIG_OK)
         goto out;
     skip = bom_length(text, len);
