@@ -40,6 +40,10 @@
  *                     file the calling thread sleeps 30 ms (so whatever the
  *                     other threads would send before that flush is sent)
  *                     and then SIGKILLs the process
+ *   POWERCUT_ARM_FILE  optional path: the two above count only the writes
+ *                     and flushes made once this file exists (looked for
+ *                     at each of them until it does), so a test can cut at
+ *                     a point it sees coming, say a purge under way
  *
  *   POWERCUT_DIRLOG   optional: every directory the process flushes (an
  *                     fsync() or fdatasync() of a directory that returned 0)
@@ -114,6 +118,9 @@ static struct {
     size_t npend, cap;
     unsigned long long flushes, dsync_writes, applied_bytes;
     unsigned long long writes, kill_at_write, kill_at_flush, seq;
+    const char *arm_path;
+    int armed;
+    unsigned long long flushes_unarmed; /* flushes before the arm file appeared */
     unsigned long long dsync_calls, fail_dsync_at;
     const char *dirlog_path;
     int dir_fsync_errno;
@@ -203,6 +210,8 @@ static void init(void)
     if (getenv("POWERCUT_KILL_AT_FLUSH") != NULL) {
         pc.kill_at_flush = strtoull(getenv("POWERCUT_KILL_AT_FLUSH"), NULL, 10);
     }
+    pc.arm_path = getenv("POWERCUT_ARM_FILE");
+    pc.armed = pc.arm_path == NULL;
     pc.dirlog_path = getenv("POWERCUT_DIRLOG");
     if (getenv("POWERCUT_DIR_FSYNC_ERRNO") != NULL) {
         pc.dir_fsync_errno = atoi(getenv("POWERCUT_DIR_FSYNC_ERRNO"));
@@ -227,6 +236,17 @@ static void init(void)
 }
 
 static void write_stats(void);
+
+/* Whether the kill counters run: always without POWERCUT_ARM_FILE, else
+ * from when the file exists. Lock held. */
+static int armed(void)
+{
+    if (!pc.armed && access(pc.arm_path, F_OK) == 0) {
+        pc.armed = 1;
+        pc.flushes_unarmed = pc.flushes;
+    }
+    return pc.armed;
+}
 
 static void setup(void)
 {
@@ -415,7 +435,7 @@ static void record(int slot, const void *buf, size_t len, off_t off)
     p->len = len;
     pc.npend++;
     append_record(p);
-    if (pc.kill_at_write != 0 && ++pc.writes == pc.kill_at_write) {
+    if (pc.kill_at_write != 0 && armed() && ++pc.writes == pc.kill_at_write) {
         raise(SIGKILL);
     }
 }
@@ -546,7 +566,8 @@ static int do_flush(int (*fn)(int), int fd)
     }
     pthread_mutex_lock(&pc.lock);
     upto = pc.seq;
-    if (pc.kill_at_flush != 0 && pc.flushes + 1 == pc.kill_at_flush) {
+    if (pc.kill_at_flush != 0 && armed() &&
+        pc.flushes - pc.flushes_unarmed + 1 == pc.kill_at_flush) {
         pthread_mutex_unlock(&pc.lock);
         struct timespec pause = {0, 30 * 1000 * 1000};
         nanosleep(&pause, NULL);
