@@ -224,6 +224,11 @@ struct store_options {
      * knows only processes of one host ever open it. store_stats() names
      * the file system, so the caller can say so. */
     bool allow_shared_fs;
+    /* Opens an existing store for writing without creating or upgrading
+     * anything (tools: forget-key): a missing store, or one of an older
+     * layout, is refused rather than created or raised, since raising it
+     * would stop the older proxies running on it from writing. */
+    bool keep_layout;
     const struct store_clock *clock; /* NULL: store_clock_realtime */
     /* Optional: called once, on the thread whose call first returned
      * STORE_EDEAD, so the process can stop and be started again (the only

@@ -159,6 +159,7 @@ struct lmdb_store {
     size_t pool_len;
 
     bool read_only;           /* opened with store_options.read_only */
+    bool keep_layout;         /* opened with store_options.keep_layout */
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
     enum store_lease_clock lease_clock; /* as found at open (store_stats) */
@@ -2434,10 +2435,19 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
     }
     lrc = open_dbs_in(s, MDB_RDONLY, 0, &layout, &current, &src);
 
-    if (s->read_only && lrc == MDB_NOTFOUND) {
+    if ((s->read_only || s->keep_layout) && lrc == MDB_NOTFOUND) {
         snprintf(err, errlen,
                  "no store here: its tables are missing (not an idemproxy store, or one of an "
                  "older layout, which a proxy of this version upgrades when it opens it)");
+        return STORE_EINVAL;
+    }
+    if (s->keep_layout && lrc == 0 && layout < STORE_LAYOUT) {
+        snprintf(err, errlen,
+                 "store: of an older layout (%u; this idemproxy's is %u): writing to it would "
+                 "upgrade it, and the older proxies running on it would stop writing. Use the "
+                 "idemproxy that serves it, or start a proxy of this version on it first (it "
+                 "upgrades the store)",
+                 (unsigned)layout, STORE_LAYOUT);
         return STORE_EINVAL;
     }
     if (!s->read_only && (lrc == MDB_NOTFOUND || (lrc == 0 && layout <= STORE_LAYOUT &&
@@ -2608,6 +2618,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     }
 
     s->read_only = opt->read_only;
+    s->keep_layout = opt->keep_layout && !opt->read_only;
     /* A read-only look (check-store) is allowed anywhere: it takes no lock
      * a writer needs, and it may be how someone finds out what is there. */
     if (!s->read_only) {
@@ -2615,7 +2626,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         if (rc != STORE_OK) {
             goto out;
         }
-        rc = make_dirs(opt->path, &made_len, err, errlen);
+        rc = s->keep_layout ? STORE_OK : make_dirs(opt->path, &made_len, err, errlen);
         if (rc != STORE_OK) {
             goto out;
         }
@@ -2641,7 +2652,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         snprintf(err, errlen, "store: %s is already open in this process", opt->path);
         goto out;
     }
-    rc = probe_data_file(opt->path, s->read_only, &data_exists, &has_lock, err, errlen);
+    rc = probe_data_file(opt->path, s->read_only || s->keep_layout, &data_exists, &has_lock, err,
+                         errlen);
     if (rc != STORE_OK) {
         goto out;
     }

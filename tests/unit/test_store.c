@@ -1496,6 +1496,44 @@ static void test_malformed_layout_refused(void **state)
     assert_non_null(strstr(err, "layout record is malformed"));
 }
 
+/* keep_layout (forget-key's open): a store of an older layout is refused,
+ * not upgraded under the older proxies serving it, and a missing one is
+ * not created; one of this layout opens for writing. */
+static void test_keep_layout_upgrades_and_creates_nothing(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct store_options opt;
+    struct store_op a;
+    char missing[4200];
+    char err[512] = "";
+    struct stat sb;
+
+    assert_int_equal(acquire(f->st, "a", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    store_close(f->st);
+    f->st = NULL;
+    assert_int_equal(set_layout(f->path, 2), 3);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    opt.keep_layout = true;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
+    assert_null(st);
+    assert_non_null(strstr(err, "of an older layout (2; this idemproxy's is 3)"));
+    assert_int_equal(set_layout(f->path, 3), 2); /* still 2: nothing raised it */
+
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_OK);
+    store_close(st);
+    st = NULL;
+
+    snprintf(missing, sizeof(missing), "%s/not-here", f->path);
+    opt.path = missing;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_EINVAL);
+    assert_null(st);
+    assert_non_null(strstr(err, "no store here"));
+    assert_int_equal(stat(missing, &sb), -1);
+}
+
 /* A store of a newer layout is refused at open; and once a newer process
  * raises the layout under a running one, that one's writes fail (nothing
  * applied) instead of acquiring keys whose records it may not see. */
@@ -3591,6 +3629,7 @@ int main(void)
         STORE_TEST(test_in_progress_and_complete_live_apart),
         STORE_TEST(test_in_progress_from_before_the_split),
         STORE_TEST(test_newer_layout_refused),
+        STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
         STORE_TEST(test_held_record_outlives_the_boot),
