@@ -39,6 +39,7 @@ static const char usage[] =
     "       idemproxy check-store PATH [--records]\n"
     "       idemproxy show-key PATH SCOPE KEY [--scope-header-value VALUE]\n"
     "       idemproxy forget-key PATH SCOPE KEY [--scope-header-value VALUE] [--force]\n"
+    "                 [--allow-shared-fs]\n"
     "       idemproxy --help | --version\n"
     "\n"
     "A reverse proxy that gives an HTTP API Idempotency-Key semantics: the first\n"
@@ -62,7 +63,10 @@ static const char usage[] =
     "  forget-key PATH SCOPE KEY\n"
     "                     delete that record, so the key runs again when next sent;\n"
     "                     one whose request is running now (live lease) only with\n"
-    "                     --force. Exit 0 deleted, 1 none, 3 running\n";
+    "                     --force. Exit 0 deleted, 1 none, 3 running. A store on\n"
+    "                     a network or FUSE file system only with --allow-shared-fs\n"
+    "                     (as store.require_local_fs false); one of an older layout\n"
+    "                     is refused, not upgraded under the proxies serving it\n";
 
 /* The configuration the proxy would run with: FILE, then the command
  * line's overrides. Exit 1 when it could not run, the missing upstream
@@ -466,6 +470,7 @@ static int std_fds_open(void)
 struct key_args {
     const char *path;
     bool force;
+    bool allow_shared_fs;
     uint8_t record_key[STORE_KEY_BYTES];
     char log_key[9]; /* as the access log shows it */
 };
@@ -489,6 +494,8 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
             scope_value = argv[++i];
         } else if (forget && strcmp(argv[i], "--force") == 0 && !ka->force) {
             ka->force = true;
+        } else if (forget && strcmp(argv[i], "--allow-shared-fs") == 0 && !ka->allow_shared_fs) {
+            ka->allow_shared_fs = true;
         } else {
             fprintf(stderr, "idemproxy: %s: unknown, repeated or missing its value\n%s", argv[i],
                     usage);
@@ -674,8 +681,10 @@ static int show_key(int argc, char **argv)
     return rc;
 }
 
-/* Deletes the record (STORE_OP_FORGET) in a writable open of the store, as
- * a proxy opens it, with the store's own map size. */
+/* Deletes the record (STORE_OP_FORGET) in a writable open of the store
+ * with the store's own map size. The open creates and upgrades nothing
+ * (keep_layout): raising an older store's layout would stop the proxies of
+ * that version running on it from writing. */
 static int forget_key(int argc, char **argv)
 {
     char err[512];
@@ -697,9 +706,16 @@ static int forget_key(int argc, char **argv)
     else if (rc == 2 && map_size == 0)
         return 2; /* the store did not open */
     store_record_clear(&rec);
-    struct store_options so = {.path = ka.path, .map_size_bytes = map_size, .sync = true};
+    struct store_options so = {.path = ka.path,
+                               .map_size_bytes = map_size,
+                               .sync = true,
+                               .allow_shared_fs = ka.allow_shared_fs,
+                               .keep_layout = true};
     if (store_open(NULL, &so, &st, err, sizeof(err)) != 0) {
         print_store_error(ka.path, err);
+        if (strstr(err, "LMDB needs a local file system") != NULL)
+            fprintf(stderr, "idemproxy: forget-key: if only processes of this one host ever "
+                            "open it, give --allow-shared-fs\n");
         return 2;
     }
     frc = store_forget(st, ka.record_key, ka.force, &o);
@@ -728,6 +744,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "idemproxy: cannot open /dev/null in place of a closed stdin, stdout "
                         "or stderr\n");
         return 1;
+    }
+    /* "idemproxy check-store --help" asks for help, not for a store named
+     * "--help". */
+    if (argc == 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) &&
+        (strcmp(argv[1], "check-store") == 0 || strcmp(argv[1], "show-key") == 0 ||
+         strcmp(argv[1], "forget-key") == 0 || strcmp(argv[1], "check-config") == 0)) {
+        fputs(usage, stdout);
+        return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "check-store") == 0) {
         bool records = argc == 4 && strcmp(argv[3], "--records") == 0;

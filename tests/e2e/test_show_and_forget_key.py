@@ -119,6 +119,33 @@ class ShowAndForgetKey(harness.ProxyTestCase):
             self.assertEqual(rc, 2, args)
             self.assertIn(says, err, args)
 
+    def test_an_older_layout_is_refused_not_upgraded(self):
+        # Raising a store's layout stops the older proxies running on it
+        # from writing (every new key 503): forget-key is the operator's
+        # tool, not an upgrade, so it refuses and leaves the store as it is.
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "old-1"))
+        self.assertEqual(proxy.stop(), 0, proxy.stderr())
+        subprocess.run(["mdb_load", "-T", "-s", "meta", self.store_path],
+                       input=b"layout\n\\02\\00\\00\\00\n", check=True, timeout=10)
+        rc, res, err = self.tool("forget-key", self.store_path, "payments", "old-1")
+        self.assertEqual(rc, 2, (res, err))
+        self.assertIn("of an older layout (2; this idemproxy's is 3)", err)
+        self.assertIn("start a proxy of this version on it first", err)
+        dump = subprocess.run(["mdb_dump", "-s", "meta", self.store_path], capture_output=True,
+                              check=True, timeout=10).stdout.decode()
+        self.assertIn(" 6c61796f7574\n 02000000\n", dump)  # "layout": 2, as it was
+        rc, doc, _ = self.tool("show-key", self.store_path, "payments", "old-1")
+        self.assertEqual((rc, doc["state"]), (0, "complete"))
+
+    def test_help_is_not_taken_for_a_store(self):
+        for cmd in ("check-store", "show-key", "forget-key", "check-config"):
+            p = subprocess.run([harness.binary(), cmd, "--help"], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=30)
+            self.assertEqual(p.returncode, 0, (cmd, p.stderr))
+            self.assertIn(b"usage: idemproxy", p.stdout, cmd)
+            self.assertNotIn(b"--help", p.stderr, cmd)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -98,6 +98,33 @@ class SharedFileSystemRefused(harness.ProxyTestCase):
         self.assertEqual(c.returncode, 0, c.stderr)
         self.assertIn(b'"ok":true', c.stdout)
 
+    def test_forget_key_on_a_shared_fs_only_with_allow_shared_fs(self):
+        # The operator's tool follows the proxy's rule: it writes, so it is
+        # refused there by name, and says how to go on; --allow-shared-fs
+        # is store.require_local_fs false for it.
+        cfg = self.config(store={"require_local_fs": False})
+        q = harness.Proxy(self.workdir, cfg, "fuse", env=dict(os.environ,
+                                                            IDEM_FAULT_FS_TYPE="0x65735546"))
+        self.proxies.append(q)
+        q.start()
+        self.assertEqual(self.post(q, "k1").status, 201)
+        q.stop()
+        args = ["forget-key", self.store_path, "payments", "k1"]
+        p = run(args, "0x65735546")
+        err = p.stderr.decode("utf-8", "replace")
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn("is on FUSE (file system type", err)
+        self.assertIn("give --allow-shared-fs", err)
+        self.assertEqual(self.upstream.count("k1"), 1)
+        p = run(args + ["--allow-shared-fs"], "0x65735546")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["was"], "complete")
+        # show-key reads only: it needs no switch, and takes none.
+        p = run(["show-key", self.store_path, "payments", "k1"], "0x65735546")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        p = run(["show-key", self.store_path, "payments", "k1", "--allow-shared-fs"], "0x6969")
+        self.assertEqual(p.returncode, 2, p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
