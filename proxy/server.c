@@ -2084,8 +2084,14 @@ static bool on_headers(struct request *r, const char *method, const char *versio
     if (r->line_end != NULL && (uintptr_t)r->line_end + 4 != block_end)
         r->reject_status = 400;
     if (r->reject_status != 0) {
+        /* The raw-byte check refuses a request whose head or body it could
+         * not frame; a body that came in the same read as the head (a bad
+         * chunk size, say) is refused here already, so the detail must not
+         * blame a header. */
         respond_problem(r, 400, "bad-request", "Bad request",
-                        "a request header could not be read", "rejected", 0, true);
+                        "the request's framing is malformed (a line end other than CRLF, a NUL, "
+                        "a field line that cannot be read, an invalid chunk or trailer line)",
+                        "rejected", 0, true);
         return false;
     }
     /* Every field name a token and no value holding CR, LF or NUL (RFC 9110
@@ -2244,9 +2250,13 @@ static bool on_headers(struct request *r, const char *method, const char *versio
             sh = idem_headers_find(&r->headers, r->route->scope_header);
             if (sh == NULL || sh->value_len == 0 ||
                 idem_headers_count(&r->headers, r->route->scope_header) > 1) {
-                snprintf(detail, sizeof(detail),
-                         "this route is scoped by the %s header, which is missing or repeated",
-                         r->route->scope_header);
+                /* Say which: "missing or repeated" sent an operator looking
+                 * for a header the client did send, empty. */
+                snprintf(detail, sizeof(detail), "this route is scoped by the %s header, which %s",
+                         r->route->scope_header,
+                         sh == NULL            ? "is missing"
+                         : sh->value_len == 0 ? "is empty"
+                                               : "is sent more than once");
                 respond_problem(r, 400, "scope-header-missing", "Scope header missing", detail,
                                 "rejected", 0, false);
                 return false;
