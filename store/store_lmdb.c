@@ -38,12 +38,14 @@
  * transactions are reset and kept in a small pool so the hot path (replay
  * lookups) renews one instead of allocating one and taking a reader slot.
  */
+#define _GNU_SOURCE 1 /* F_OFD_SETLK, F_OFD_GETLK */
 #include "store.h"
 #include "store_internal.h"
 #include "store_fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <lmdb.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
@@ -160,6 +162,15 @@ struct lmdb_store {
 
     bool read_only;           /* opened with store_options.read_only */
     bool keep_layout;         /* opened with store_options.keep_layout */
+    /* Durability across processes (follow_sync): a process opened with
+     * store_options.sync holds a shared lock on durability.lock for as long
+     * as it has the store open; one opened without it (interval) looks for
+     * such a lock at every write transaction, and while there is one its
+     * commits are flushed as a sync process's are. -1: no file (read-only,
+     * keep_layout). */
+    int durability_fd;
+    bool interval;            /* opened without store_options.sync, for writing */
+    bool following_sync;      /* MDB_NOSYNC is off for a sync process elsewhere */
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
     enum store_lease_clock lease_clock; /* as found at open (store_stats) */
@@ -345,6 +356,75 @@ static int layout_read(const struct lmdb_store *s, MDB_txn *txn, uint32_t *out)
     return STORE_OK;
 }
 
+/*
+ * Durability is each process's own setting, but the store is one file. A
+ * commit without a flush (MDB_NOSYNC, durability "interval") writes its
+ * pages and then its meta page, and a power cut may leave the meta page on
+ * disk without the pages: the meta page with the highest transaction id
+ * wins, so the store then opens on a tree that was never written, and every
+ * record in it is lost, those a sync process stored and answered included
+ * (LMDB asserts, or reads garbage; tests/chaos/test_mixed_durability.py).
+ * So while a process with durability "sync" has the store open, the others
+ * flush their commits too. A sync process takes its shared lock before its
+ * first transaction; an interval process looks for one after taking LMDB's
+ * writer lock. An interval commit that looked before the lock was taken came
+ * before the sync process's first commit, whose flush covers the file. What
+ * an interval process writes while no sync process is there carries
+ * MDB_NOSYNC's risk, as the configuration's documentation says.
+ */
+static int durability_open(struct lmdb_store *s, const char *path, bool sync, char *err,
+                           size_t errlen)
+{
+    char name[PATH_MAX];
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+
+    if (snprintf(name, sizeof name, "%s/durability.lock", path) >= (int)sizeof name) {
+        snprintf(err, errlen, "store: path too long: %s", path);
+        return STORE_EINVAL;
+    }
+    s->durability_fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (s->durability_fd < 0) {
+        snprintf(err, errlen, "store: cannot open %s: %s", name, strerror(errno));
+        return STORE_EIO;
+    }
+    if (sync && fcntl(s->durability_fd, F_OFD_SETLK, &fl) != 0) {
+        snprintf(err, errlen, "store: cannot lock %s: %s", name, strerror(errno));
+        return STORE_EIO;
+    }
+    s->interval = !sync;
+    return STORE_OK;
+}
+
+/* Whether a process with durability "sync" has the store open. A look that
+ * fails says yes: flushing is the safe side. */
+static bool sync_process_present(const struct lmdb_store *s)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+
+    if (fcntl(s->durability_fd, F_OFD_GETLK, &fl) != 0) {
+        return true;
+    }
+    return fl.l_type != F_UNLCK;
+}
+
+/* Called with LMDB's writer lock held: the commit to come is flushed if a
+ * sync process has the store open. Only the writer changes the flag, under
+ * that lock (LMDB keeps its flushing descriptor for meta pages open even
+ * with MDB_NOSYNC, for this). */
+static void follow_sync(struct lmdb_store *s)
+{
+    bool follow;
+
+    if (!s->interval) {
+        return;
+    }
+    follow = sync_process_present(s);
+    if (follow != s->following_sync &&
+        mdb_env_set_flags(s->env, MDB_NOSYNC, follow ? 0 : 1) == MDB_SUCCESS) {
+        s->following_sync = follow;
+    }
+}
+
 /* Begins a write transaction on a store whose layout is still this code's:
  * another process may have raised it since this one opened the store. */
 static int write_begin(struct lmdb_store *s, MDB_txn **out)
@@ -354,6 +434,7 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
     int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     if (rc == STORE_OK) {
+        follow_sync(s);
         rc = layout_read(s, txn, &layout);
         if (rc == STORE_OK && layout != STORE_LAYOUT) {
             rc = STORE_ELAYOUT;
@@ -2610,6 +2691,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         snprintf(err, errlen, "store: cannot create a mutex");
         goto out;
     }
+    s->durability_fd = -1;
     s->clock = opt->clock != NULL ? *opt->clock : store_clock_realtime;
     rc = STORE_EINVAL;
     if (s->clock.now_ms == NULL || map_bytes > SIZE_MAX) {
@@ -2657,6 +2739,14 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (rc != STORE_OK) {
         goto out;
     }
+    /* Before the environment: a sync process's lock is there before its
+     * first transaction (follow_sync). keep_layout creates nothing. */
+    if (!s->read_only && !s->keep_layout) {
+        rc = durability_open(s, opt->path, opt->sync, err, errlen);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+    }
     lrc = mdb_env_create(&s->env);
     if (lrc == 0) {
         /* Read-only: 0 is the map size the store's meta records. */
@@ -2679,7 +2769,11 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
      * the commits since the last sync and, on a file system that does not
      * keep write order, corrupt the store (lmdb.h, MDB_NOSYNC). */
     if (!opt->sync) {
-        flags |= MDB_NOSYNC;
+        if (s->interval && sync_process_present(s)) {
+            s->following_sync = true; /* the open's own commits too */
+        } else {
+            flags |= MDB_NOSYNC;
+        }
     }
     /* Read-only creates nothing: without a lock.mdb (which every process
      * that opens the store creates) no process has it open, and LMDB would
@@ -2771,6 +2865,9 @@ static void lmdb_close(void *impl)
         }
         if (s->pid != 0) {
             open_envs_remove(s);
+        }
+        if (s->durability_fd >= 0) {
+            close(s->durability_fd);
         }
         pthread_mutex_destroy(&s->pool_lock);
         OPENSSL_cleanse(s->lease_random, sizeof(s->lease_random));
