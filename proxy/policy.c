@@ -200,7 +200,7 @@ int idem_headers_decode(const void *buf, size_t len, struct idem_headers *out)
         if (memchr(name, '\0', nl) != NULL || memchr(p + off, '\0', vl) != NULL)
             return -1;
         if (idem_headers_push(out, (const char *)name, nl, (const char *)(p + off), vl) != 0)
-            return -1;
+            return -2;
         off += vl;
     }
     return 0;
@@ -580,6 +580,13 @@ bool idem_is_token(const char *s, size_t len)
             return false;
     }
     return true;
+}
+
+bool idem_connection_too_many_names(const struct idem_headers *in)
+{
+    struct conn_tokens ct;
+    conn_tokens_parse(in, &ct);
+    return ct.overflow;
 }
 
 int idem_filter_request_headers(const struct idem_headers *in,

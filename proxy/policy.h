@@ -60,7 +60,8 @@ size_t idem_headers_count(const struct idem_headers *h, const char *name);
 
 /* Stored form: for each header u32le name_len, name, u32le value_len, value.
  * encode returns a malloc'd buffer (caller frees; *out may be NULL when
- * empty). decode appends to *out and rejects malformed input (-1). */
+ * empty). decode appends to *out and rejects malformed input (-1); -2 when
+ * memory ran out (the input may be fine). */
 int idem_headers_encode(const struct idem_headers *h, uint8_t **out, size_t *out_len);
 int idem_headers_decode(const void *buf, size_t len, struct idem_headers *out);
 
@@ -192,6 +193,10 @@ struct idem_forward_info {
  * CR, LF or NUL: returns -1 when a client header holds one (the caller
  * answers 400). out is appended to; caller clears it.
  */
+/* Whether the Connection headers name more fields than the filter below
+ * tracks (32): such a request is refused (400) before anything is stored. */
+bool idem_connection_too_many_names(const struct idem_headers *in);
+
 int idem_filter_request_headers(const struct idem_headers *in,
                                 const struct idem_forward_info *info, struct idem_headers *out);
 

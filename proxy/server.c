@@ -215,6 +215,7 @@ struct request {
     uint8_t *resp_body;
     size_t resp_len, resp_cap;
     bool resp_too_large;
+    bool upstream_no_memory;     /* the exchange failed for want of our memory */
     bool resp_headers_too_large; /* the header block, not the body */
     bool resp_head_done;         /* the final answer's header section ended */
     unsigned sends;      /* times libcurl was about to send this request */
@@ -829,8 +830,17 @@ static void respond_replay(struct request *r, struct store_record *rec)
     struct MHD_Response *resp = NULL;
     void *body = rec->body;
     size_t len = rec->body_len;
+    int drc = idem_headers_decode(rec->headers, rec->headers_len, &h);
 
-    if (idem_headers_decode(rec->headers, rec->headers_len, &h) != 0) {
+    if (drc == -2) {
+        /* Not the record's fault: an operator told "corrupt" might delete
+         * a good answer. */
+        idem_headers_clear(&h);
+        respond_oom(r, "the proxy ran out of memory reading this key's stored answer; retry",
+                    false);
+        return;
+    }
+    if (drc != 0) {
         idem_headers_clear(&h);
         respond_problem(r, 500, "corrupt-record", "Stored response unreadable",
                         "the stored response for this key could not be decoded", "error", 0,
@@ -1197,7 +1207,30 @@ static int start_native(struct request *r, const struct idem_headers *fwd)
         if (r->keyed)
             r->next_hb_ms = idem_mono_ms() + r->route->heartbeat_ms;
     }
-    return rc;
+    return rc == 0 ? 0 : -ENOMEM; /* upstream_start fails only for memory */
+}
+
+/* What the client is told when start_upstream() failed (nothing was sent):
+ * the proxy's own want of memory is a 503 a retry may get past, a header
+ * the forwarding rules refuse is the client's 400, anything else 502. */
+struct start_failure {
+    int status;
+    const char *slug, *title, *detail;
+    long retry_after;
+};
+
+static struct start_failure start_failure_of(int rc)
+{
+    if (rc == -ENOMEM)
+        return (struct start_failure){503, "out-of-memory", "Out of memory",
+                                      "the proxy ran out of memory forwarding this request; "
+                                      "nothing was sent",
+                                      1};
+    if (rc == -EINVAL)
+        return (struct start_failure){400, "bad-request", "Bad request",
+                                      "a request header cannot be forwarded; nothing was sent", 0};
+    return (struct start_failure){502, "upstream-request-failed", "Upstream request failed",
+                                  "the request could not be forwarded", 0};
 }
 
 static int start_upstream(struct request *r)
@@ -1209,7 +1242,7 @@ static int start_upstream(struct request *r)
     char *url = NULL;
     size_t base_len = strlen(r->w->srv->upstream_base);
     const union MHD_ConnectionInfo *ci;
-    int rc = -1;
+    int rc = -ENOMEM; /* every step below fails only for memory, but two */
     CURL *e = NULL;
 
     ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -1223,8 +1256,12 @@ static int start_upstream(struct request *r)
                       addr, sizeof(addr));
     }
     info.client_addr = addr;
-    if (idem_filter_request_headers(&r->headers, &info, &fwd) != 0)
+    rc = idem_filter_request_headers(&r->headers, &info, &fwd);
+    if (rc != 0) {
+        rc = rc == -1 ? -EINVAL : -ENOMEM;
         goto out;
+    }
+    rc = -ENOMEM;
     if (r->w->pool != NULL) {
         rc = start_native(r, &fwd);
         goto out;
@@ -1325,10 +1362,14 @@ static int start_upstream(struct request *r)
             curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body_len ? (char *)r->body : "");
         }
     }
-    if (curl_multi_add_handle(r->w->multi, e) != CURLM_OK) {
-        curl_easy_cleanup(e);
-        e = NULL;
-        goto out;
+    {
+        CURLMcode mrc = curl_multi_add_handle(r->w->multi, e);
+        if (mrc != CURLM_OK) {
+            curl_easy_cleanup(e);
+            e = NULL;
+            rc = mrc == CURLM_OUT_OF_MEMORY ? -ENOMEM : -1;
+            goto out;
+        }
     }
     r->easy = e;
     e = NULL;
@@ -1443,6 +1484,8 @@ static void upstream_done(struct request *r, CURLcode code)
     enum idem_upstream_result res = classify(r, code);
     long status = 0;
 
+    r->upstream_no_memory = code == CURLE_OUT_OF_MEMORY;
+
     if (res == IDEM_UPSTREAM_RESPONSE) {
         curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
         if (status < 100 || status > 599) {
@@ -1468,6 +1511,7 @@ static void native_done(struct upstream_exchange *x)
     long status = 0;
 
     r->ux = NULL;
+    r->upstream_no_memory = upstream_exchange_no_memory(x);
     if (res == IDEM_UPSTREAM_RESPONSE) {
         status = resp->status;
         idem_headers_clear(&r->resp_headers);
@@ -1532,6 +1576,21 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
             title = "Upstream connection failed";
             detail = "the upstream connection failed after the request was sent; the outcome is "
                      "unknown";
+        }
+        /* The proxy's own shortage, not the upstream's fault: an operator
+         * must not go looking at the upstream. Before anything was sent a
+         * retry may fit (503, Retry-After); after, the action may have run
+         * and its answer could not be read (502, an unknown outcome). */
+        if (r->upstream_no_memory &&
+            (res == IDEM_UPSTREAM_NOT_SENT || res == IDEM_UPSTREAM_BROKEN)) {
+            st = res == IDEM_UPSTREAM_NOT_SENT ? 503 : 502;
+            slug = "out-of-memory";
+            title = "Out of memory";
+            detail = res == IDEM_UPSTREAM_NOT_SENT
+                         ? "the proxy ran out of memory connecting to the upstream; nothing was "
+                           "sent"
+                         : "the proxy ran out of memory reading the upstream's answer; the "
+                           "request was sent, the outcome is unknown";
         } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
             slug = "upstream-response-too-large";
             title = "Upstream response too large";
@@ -1549,6 +1608,8 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
         r->resp_status = st;
         idem_headers_clear(&r->resp_headers);
         idem_headers_push(&r->resp_headers, "Content-Type", 12, "application/problem+json", 24);
+        if (st == 503)
+            idem_headers_push(&r->resp_headers, "Retry-After", 11, "1", 1);
         resp = response_from_upstream(r);
         idem_headers_clear(&ph);
         outcome = "released";
@@ -1676,6 +1737,12 @@ static void lookup(struct request *r)
     struct store_record rec = {0};
     int rc = store_get(r->w->srv->store, r->record_key, &rec);
 
+    if (rc == STORE_ENOMEM) {
+        respond_oom(r, "the proxy ran out of memory reading this key's record; nothing was "
+                       "forwarded",
+                    false);
+        goto out;
+    }
     if (rc != 0) {
         respond_unavailable(r, "the record store could not be read");
         goto out;
@@ -1718,6 +1785,8 @@ out:
 
 static void on_job(struct request *r, struct writer_job *j)
 {
+    int src;
+
     r->w->n_jobs--;
     if (j == &r->hb_job) {
         r->hb_pending = false;
@@ -1738,6 +1807,10 @@ static void on_job(struct request *r, struct writer_job *j)
                                    "process can no longer write it; nothing was forwarded");
             break;
         }
+        if (j->error == STORE_ENOMEM) {
+            respond_oom(r, HOLD_FAILED, false);
+            break;
+        }
         if (j->error != 0) {
             respond_unavailable(r, "the record store failed; nothing was forwarded");
             break;
@@ -1754,12 +1827,14 @@ static void on_job(struct request *r, struct writer_job *j)
                 submit_settle(r, STORE_OP_RELEASE, 0);
                 break;
             }
-            if (start_upstream(r) != 0) {
-                r->problem = "upstream-request-failed";
-                r->response = make_problem(502, "upstream-request-failed",
-                                           "Upstream request failed",
-                                           "the request could not be forwarded");
-                r->response_status = 502;
+            src = start_upstream(r);
+            if (src != 0) {
+                struct start_failure f = start_failure_of(src);
+                r->problem = f.slug;
+                r->response = make_problem(f.status, f.slug, f.title, f.detail);
+                if (r->response != NULL && f.retry_after > 0)
+                    MHD_add_response_header(r->response, "Retry-After", "1");
+                r->response_status = f.status;
                 r->outcome = "released";
                 submit_settle(r, STORE_OP_RELEASE, 0);
             }
@@ -2120,6 +2195,15 @@ static bool on_headers(struct request *r, const char *method, const char *versio
             return false;
         }
     }
+    /* The forwarding rules drop every field Connection names, and track up
+     * to 32 of them: past that the request cannot be forwarded as asked.
+     * Refused here, before a key is taken, not after (a 502 that blamed
+     * the upstream). */
+    if (idem_connection_too_many_names(&r->headers)) {
+        respond_problem(r, 400, "bad-request", "Bad request",
+                        "the Connection header names more than 32 fields", "rejected", 0, true);
+        return false;
+    }
     /* CONNECT asks for a tunnel (RFC 9110 section 9.3.6), which a reverse
      * proxy does not make: forwarded, a 2xx from the upstream went back
      * without framing (libmicrohttpd frames no 2xx to CONNECT) on a
@@ -2344,9 +2428,14 @@ static void on_complete_request(struct request *r)
                     503, "unavailable");
             return;
         }
-        if (start_upstream(r) != 0) {
-            respond_problem(r, 502, "upstream-request-failed", "Upstream request failed",
-                            "the request could not be forwarded", "error", 0, false);
+        int src = start_upstream(r);
+        if (src != 0) {
+            struct start_failure f = start_failure_of(src);
+            respond_problem(r, f.status, f.slug, f.title, f.detail,
+                            f.status == 400   ? "rejected"
+                            : f.status == 503 ? "unavailable"
+                                              : "error",
+                            f.retry_after, false);
             return;
         }
         suspend(r);

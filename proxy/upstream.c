@@ -882,6 +882,7 @@ struct upstream_exchange {
     bool may_retry;
     bool retried;
     bool took_new_addrs; /* went on to a newer resolution's addresses once */
+    bool no_memory;      /* it failed for want of this process's memory */
     uint64_t tried;      /* the addresses (by place) of conn's list it tried */
     int64_t deadline_ms;
     int64_t connect_deadline_ms;
@@ -1128,6 +1129,7 @@ static void x_parsed(struct upstream_exchange *x, enum upstream_parse_rc rc)
         break;
     case UPSTREAM_PARSE_BROKEN:
     case UPSTREAM_PARSE_NOMEM:
+        x->no_memory = rc == UPSTREAM_PARSE_NOMEM;
         x_close_conn(x);
         x_finish(x, x->ever_written ? IDEM_UPSTREAM_BROKEN : IDEM_UPSTREAM_NOT_SENT);
         break;
@@ -1328,6 +1330,7 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs)
             c = malloc(sizeof(*c) + p->buf_bytes);
             if (c == NULL) {
                 close(fd);
+                x->no_memory = true;
                 out_of_addrs = false;
                 break;
             }
@@ -1343,6 +1346,9 @@ static void x_connect(struct upstream_exchange *x, struct upstream_addrs *addrs)
             ev.events = c->events;
             ev.data.u64 = p->ep_tag | (uint64_t)(uint32_t)fd << 8;
             if (pool_track(p, c) != 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+                /* pool_track fails only for memory; epoll_ctl ADD for
+                 * memory or the user's epoll watch limit. */
+                x->no_memory = true;
                 conn_close(p, c);
                 out_of_addrs = false;
                 break;
@@ -1678,6 +1684,11 @@ void *upstream_exchange_ctx(const struct upstream_exchange *x)
 enum idem_upstream_result upstream_exchange_result(const struct upstream_exchange *x)
 {
     return x->result;
+}
+
+bool upstream_exchange_no_memory(const struct upstream_exchange *x)
+{
+    return x->no_memory;
 }
 
 struct upstream_response *upstream_exchange_response(struct upstream_exchange *x)

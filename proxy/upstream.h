@@ -175,6 +175,10 @@ struct upstream_exchange *upstream_take_done(struct upstream_pool *p);
 
 void *upstream_exchange_ctx(const struct upstream_exchange *x);
 enum idem_upstream_result upstream_exchange_result(const struct upstream_exchange *x);
+/* Whether a result other than RESPONSE came of this process's own want of
+ * memory (a connection, or the answer's headers or body, could not be
+ * allocated) rather than of the upstream. */
+bool upstream_exchange_no_memory(const struct upstream_exchange *x);
 /* Valid with IDEM_UPSTREAM_RESPONSE (status, headers and body) and with
  * TOO_LARGE (headers_too_large); the caller may take headers and body. */
 struct upstream_response *upstream_exchange_response(struct upstream_exchange *x);

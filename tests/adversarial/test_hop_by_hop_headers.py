@@ -202,6 +202,28 @@ class HopByHopHeaders(adv.AdversarialCase):
                      time.monotonic() - started)
         self.assertEqual(failures, [], "\n".join(failures))
 
+    def test_connection_naming_too_many_fields_is_the_clients_400(self):
+        # The forwarding rules drop what Connection names and track 32
+        # names: past that the request cannot be forwarded as asked. It is
+        # the client's 400, refused before a key is taken; it was a 502
+        # upstream-request-failed (blaming the upstream) after an acquire.
+        proxy = self.start_proxy()
+        names = ", ".join("x-n%d" % i for i in range(33))
+        for key in ("hop-many-names", None):
+            hdrs = [("Connection", names)]
+            resp = (self.post(proxy, key, headers=hdrs) if key else
+                    proxy.request("GET", "/v1/payments", headers=hdrs))
+            self.assertEqual(resp.status, 400, adv.short(resp))
+            self.assertEqual(resp.json()["type"], "urn:idemproxy:problem:bad-request")
+            self.assertIn("names more than 32 fields", resp.json()["detail"])
+        self.assertEqual(self.upstream.total(), 0)
+        log = proxy.wait_access_log(2)
+        self.assertEqual([e["outcome"] for e in log], ["rejected", "rejected"])
+        # 32 names is still forwarded, each named field dropped.
+        names = ", ".join("x-n%d" % i for i in range(32))
+        resp = self.post(proxy, "hop-32-names", headers=[("Connection", names), ("X-N5", "1")])
+        self.assertEqual(resp.status, 201, adv.short(resp))
+
 
 if __name__ == "__main__":
     unittest.main()

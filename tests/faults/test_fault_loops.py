@@ -18,7 +18,10 @@ Then it gets SIGTERM, and `idemproxy check-store` scans the store.
 Each run must show: no crash (the proxy is alive until SIGTERM, then exits
 0; under AddressSanitizer a leak makes that exit non-zero and is reported
 apart), no hang, every answer either the correct one for the state the
-earlier answers left or a documented 5xx (500/502/503/504 problem+json), the
+earlier answers left or a documented 5xx (500/502/503/504 problem+json; in
+the alloc mode always out-of-memory, 503 with Retry-After before anything
+was sent: a failed allocation blamed on the upstream, the store or the
+record sends an operator the wrong way), the
 upstream never running a request more often than it was forwarded, and the
 invariant scan passing. The correct answers allow for what a fault may
 legitimately do (README, Failure policy): a result that could not be stored
@@ -132,6 +135,13 @@ class Answer:
             return False
         return (isinstance(doc, dict) and doc.get("status") == r.status and
                 all(isinstance(doc.get(m), str) for m in ("type", "title", "detail")))
+
+    def problem_type(self):
+        """The last segment of a problem+json answer's type ("out-of-memory")."""
+        try:
+            return str(self.resp.json().get("type", "")).rsplit(":", 1)[-1]
+        except (ValueError, AttributeError):
+            return ""
 
     def is_fresh(self, status=201):
         """An answer of the upstream, whole: status, its headers, its body."""
@@ -359,6 +369,21 @@ class FaultLoops(harness.ProxyTestCase):
             h = record_key(scope, key)[:8]
             if any(e.get("key") == h and e.get("outcome") == "unstored" for e in log):
                 unstored_keys.add(key)
+        # A failed allocation is the proxy's own want of memory: its 5xx
+        # must say so (out-of-memory; 503 with Retry-After when nothing was
+        # sent), not blame the upstream (502 upstream-*), the store (503
+        # store-unavailable) or the record (500 corrupt-record), which sends
+        # an operator to the wrong place, or to delete a good record.
+        if mode == "alloc":
+            for a in answers:
+                if a.verdict != "5xx":
+                    continue
+                if a.problem_type() != "out-of-memory":
+                    res["problems"].append("%s: a failed allocation answered as %r" % (
+                        a.describe(), a.problem_type()))
+                elif a.resp.status == 503 and a.resp.header("Retry-After") is None:
+                    res["problems"].append("%s: 503 out-of-memory without Retry-After" % (
+                        a.describe(),))
         for a in answers:
             if a.verdict == HELD:
                 a.verdict = ("correct" if a.key in unstored_keys else
@@ -509,7 +534,8 @@ class FaultLoops(harness.ProxyTestCase):
             for r in results:
                 report.append("%s N=%d held=%d [%s] %s" % (
                     r["mode"], r["n"], r["held"], r["fault"],
-                    " ".join("%s:%s" % (a.step, a.resp.status if a.resp else a.failure)
+                    " ".join("%s:%s%s" % (a.step, a.resp.status if a.resp else a.failure,
+                                          ":" + a.problem_type() if a.is_problem_5xx() else "")
                              for a in r["answers"] if a.verdict != "correct")))
         for mode, site, why in KNOWN_ISSUES:
             runs = known.get(site, [])
