@@ -380,7 +380,16 @@ static int run(const char *config_path, const char *listen, const char *upstream
                     "run twice\n",
                     cfg->store.path, stats.shared_fs);
         if (store_stats(st, &stats) == 0 && so.map_size_bytes > 0 &&
-            stats.map_size_bytes > so.map_size_bytes)
+            stats.map_size_bytes > so.map_size_bytes && stats.map_size_from_store)
+            fprintf(stderr,
+                    "idemproxy: store: warning: map_size (%llu bytes) is smaller than the %llu "
+                    "bytes the other processes sharing the store map; this process maps %llu "
+                    "too (a smaller map would be full while the store has room). Give every "
+                    "process on a store the same store.map_size\n",
+                    (unsigned long long)so.map_size_bytes, (unsigned long long)stats.map_size_bytes,
+                    (unsigned long long)stats.map_size_bytes);
+        else if (store_stats(st, &stats) == 0 && so.map_size_bytes > 0 &&
+                 stats.map_size_bytes > so.map_size_bytes)
             fprintf(stderr,
                     "idemproxy: store: map_size (%llu bytes) is smaller than the store's data "
                     "(%llu bytes): the map is full (MDB_MAP_FULL) and new keys get 503 until "

@@ -251,6 +251,10 @@ struct store_stats {
      * store_open() refuses unless allow_shared_fs ("FUSE", "NFS", ...);
      * NULL on a local one, and for a read-only open. */
     const char *shared_fs;
+    /* map_size_bytes is the size the store records, larger than the one
+     * asked for, taken because other processes had the store open (a
+     * process beside others never maps less than they do). */
+    bool map_size_from_store;
     /* Which clock the stored leases were on when this handle opened the
      * store. A writable open puts them on this process's (settling them);
      * a read-only one (check-store) leaves them as found. */

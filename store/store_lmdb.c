@@ -171,6 +171,7 @@ struct lmdb_store {
     int durability_fd;
     bool interval;            /* opened without store_options.sync, for writing */
     bool following_sync;      /* MDB_NOSYNC is off for a sync process elsewhere */
+    bool map_from_store;      /* mapped at the store's size, larger than asked */
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
     enum store_lease_clock lease_clock; /* as found at open (store_stats) */
@@ -1978,6 +1979,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->ops_committed = atomic_load(&s->ops_committed);
     out->purge_sweeps = atomic_load(&s->sweeps);
     out->shared_fs = s->shared_fs;
+    out->map_size_from_store = s->map_from_store;
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     out->stale_readers_cleared_at_open = s->readers_cleared;
@@ -2568,6 +2570,29 @@ static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)
 
 static void lmdb_close(void *impl);
 
+/* Before mdb_env_open (after it, closing a descriptor of lock.mdb would drop
+ * this process's own LMDB locks on it): whether another process has the
+ * store open. Each holds a shared lock on byte 0 of lock.mdb for as long as
+ * it has the environment open (LMDB, mdb_env_setup_locks). A look that
+ * fails says no. */
+static bool others_have_it_open(const char *path)
+{
+    char lock[4096];
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    bool yes = false;
+    int fd;
+
+    if (snprintf(lock, sizeof(lock), "%s/lock.mdb", path) >= (int)sizeof(lock)) {
+        return false;
+    }
+    fd = open(lock, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        yes = fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+        close(fd);
+    }
+    return yes;
+}
+
 /* Before mdb_env_open: is there a store at path, and is its data file not
  * emptied? LMDB takes a missing or empty data.mdb for a new environment and
  * initialises it, so an emptied one would silently become an empty store
@@ -2747,10 +2772,19 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
             goto out;
         }
     }
+    /* The map size: a process alone on the store maps what it was given
+     * (LMDB raises it to the data's size if that is larger). Beside other
+     * processes it maps at least the size the store records, the largest
+     * any of them set (LMDB keeps the larger at every commit): one given a
+     * smaller map_size would otherwise find its map full while the store has
+     * room, and, each time another grows the file past its map, stop
+     * (MDB_MAP_RESIZED) and come back as full (README, failure policy).
+     * Read-only: 0, the size the store records. */
+    s->map_from_store = !s->read_only && data_exists && others_have_it_open(opt->path);
     lrc = mdb_env_create(&s->env);
     if (lrc == 0) {
-        /* Read-only: 0 is the map size the store's meta records. */
-        lrc = mdb_env_set_mapsize(s->env, s->read_only ? 0 : (size_t)map_bytes);
+        lrc =
+            mdb_env_set_mapsize(s->env, s->read_only || s->map_from_store ? 0 : (size_t)map_bytes);
     }
     if (lrc == 0) {
         lrc = mdb_env_set_maxdbs(s->env, LMDB_MAX_DBS);
@@ -2800,6 +2834,21 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (rc != STORE_OK) {
         goto out;
     }
+    if (s->map_from_store) {
+        /* Mapped at the store's size; a larger one given is taken (no
+         * transaction of this process is open yet, as LMDB requires). */
+        MDB_envinfo info;
+        lrc = mdb_env_info(s->env, &info);
+        if (lrc == 0 && map_bytes > info.me_mapsize) {
+            lrc = mdb_env_set_mapsize(s->env, (size_t)map_bytes);
+            s->map_from_store = false;
+        }
+        if (lrc != 0) {
+            rc = map_err(lrc);
+            snprintf(err, errlen, "store: cannot set the map size: %s", mdb_strerror(lrc));
+            goto out;
+        }
+    }
     /* A process that died inside a read transaction leaves its reader slot
      * taken, pinning old pages until someone clears it. */
     lrc = mdb_reader_check(s->env, &dead);
@@ -2826,7 +2875,8 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         goto out;
     }
     s->page_bytes = est.ms_psize;
-    if (s->read_only) {
+    {
+        /* The map as mapped: what the reserves below are a share of. */
         MDB_envinfo info;
         lrc = mdb_env_info(s->env, &info);
         if (lrc != 0) {
