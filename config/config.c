@@ -42,6 +42,12 @@
  * the proxy's first allocation for a response body anyway, so a smaller
  * cap would save no memory. */
 #define MIN_MAX_RESPONSE (4 * CONFIG_KIB)
+/* A request body and an upstream answer are held whole in memory (the
+ * answer also in one store record, and copied out of it for each replay):
+ * "64GiB" passed check-config and promised what no process here can hold.
+ * 1 GiB is far past any API call; larger uploads want a route without
+ * idempotency in a proxy that streams them. */
+#define MAX_BODY_LIMIT CONFIG_GIB
 /* A lease must outlast a heartbeat interval plus the time the extension
  * takes to land: up to one worker tick (10 ms), the queue to the single
  * store writer, and a synced commit (an fsync: milliseconds on an idle SSD,
@@ -916,6 +922,8 @@ static int parse_route_key(const char *key, const json_t *val, const char *where
             r->fingerprint = (enum config_fingerprint)choice;
     } else if (strcmp(key, "max_body") == 0) {
         rc = get_size(val, field, &r->max_body_bytes, e);
+        if (rc == CONFIG_OK && r->max_body_bytes > MAX_BODY_LIMIT)
+            rc = invalid(e, field, "must be at most 1GiB (a body is held in memory)");
     } else if (strcmp(key, "max_key_length") == 0) {
         rc = get_integer(val, field, 1, MAX_KEY_LENGTH_LIMIT, &n, e);
         if (rc == CONFIG_OK)
@@ -1265,6 +1273,9 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = check_positive(cfg->upstream.timeout_ms, "upstream.timeout", e);
     else if (cfg->upstream.max_response_bytes < MIN_MAX_RESPONSE)
         rc = invalid(e, "upstream.max_response", "must be at least 4KiB");
+    else if (cfg->upstream.max_response_bytes > MAX_BODY_LIMIT)
+        rc = invalid(e, "upstream.max_response",
+                     "must be at most 1GiB (an answer is held in memory and in one record)");
     else if (cfg->upstream.resolve_interval_ms < 1000)
         rc = invalid(e, "upstream.resolve_interval", "must be at least 1s");
     else if (cfg->upstream.idle_timeout_ms < 1000)
