@@ -196,15 +196,17 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
         printf("{\"key\":\"");
         for (size_t i = 0; i < STORE_KEY_BYTES; i++)
             printf("%02x", key[i]);
-        printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%lld,"
+        char lease[24] = "null"; /* a COMPLETE record's lease is history */
+        if (rec->state == STORE_STATE_IN_PROGRESS)
+            snprintf(lease, sizeof(lease), "%lld", (long long)lease_end);
+        printf("\",\"state\":\"%s\",\"held\":%s,\"lease_expires_ms\":%s,"
                "\"expires_ms\":%lld,\"status\":%d,\"body_bytes\":%zu}\n",
                state,
                rec->state == STORE_STATE_IN_PROGRESS && lease_end > c->now_ms &&
                        store_lease_is_held(rec->lease_id)
                    ? "true"
                    : "false", /* as in the summary: a hold that ended is stealable */
-               (long long)lease_end,
-               (long long)rec->expires_ms,
+               lease, (long long)rec->expires_ms,
                rec->state == STORE_STATE_COMPLETE ? rec->status : 0, rec->body_len);
     }
     return 0;

@@ -43,6 +43,9 @@ class CheckStoreAfterReboot(harness.ProxyTestCase):
                          (1, 0, 1), summary)
         live = [r for r in records if r["state"] == "in_progress"]
         self.assertGreater(live[0]["lease_expires_ms"], time.time() * 1000 + 50000, live)
+        # A COMPLETE record's lease is history: not shown as a time.
+        done = [r for r in records if r["state"] == "complete"]
+        self.assertIsNone(done[0]["lease_expires_ms"], done)
 
         harness.forget_boot(self.store_path)
         before_ms = time.time() * 1000
