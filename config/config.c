@@ -16,12 +16,14 @@
 #include "config.h"
 #include "config_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define DEFAULT_LISTEN "127.0.0.1:8080"
 #define DEFAULT_STORE_PATH "./idemproxy-data"
@@ -259,7 +261,7 @@ static int url_error(const char *s, const char *field, struct errbuf *e)
     case CONFIG_ADDR_OK:
         break;
     case CONFIG_ADDR_NOT_HTTP:
-        if (strncmp(s, "https://", 8) == 0)
+        if (strncasecmp(s, "https://", 8) == 0)
             rc = invalid(e, field,
                          "%s is not an http:// URL (TLS to the upstream is not supported)", q);
         else
@@ -1265,6 +1267,11 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "upstream", "is required");
     else if (cfg->upstream.url != NULL)
         rc = url_error(cfg->upstream.url, "upstream", e);
+    /* Accepted in any case; kept lower case, as the clients and the dump
+     * expect it. */
+    if (rc == CONFIG_OK && cfg->upstream.url != NULL)
+        for (size_t c = 0; c < 4; c++)
+            cfg->upstream.url[c] = (char)tolower((unsigned char)cfg->upstream.url[c]);
     if (rc != CONFIG_OK)
         goto out;
     if (cfg->upstream.connect_timeout_ms <= 0)

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 struct unit {
     const char *suffix;
@@ -339,7 +340,8 @@ enum config_addr config_scan_url(const char *s)
     const char *authority;
     size_t authority_len;
 
-    if (!config_is_visible_ascii(s) || strncmp(s, "http://", 7) != 0)
+    /* The scheme is case-insensitive (RFC 3986 section 3.1): "HTTP://". */
+    if (!config_is_visible_ascii(s) || strncasecmp(s, "http://", 7) != 0)
         goto out;
     /* The proxy appends the request's path and query to the base URL; a
      * query or fragment of its own would make that ambiguous. */
