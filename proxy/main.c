@@ -374,6 +374,12 @@ static int run(const char *config_path, const char *listen, const char *upstream
         /* A map_size below what the store already holds (lowered at a
          * restart) is raised by LMDB to the data's size: the map is full
          * from the start, and every new key would get 503 with no word why. */
+        if (store_stats(st, &stats) == 0 && stats.flushing_for_sync)
+            fprintf(stderr,
+                    "idemproxy: store: durability is \"interval\", but a process with \"sync\" "
+                    "has this store open: while it does, this process flushes every commit too "
+                    "(an unflushed commit lost in a power cut can take the whole store with it, "
+                    "that process's records included)\n");
         if (store_stats(st, &stats) == 0 && stats.shared_fs != NULL)
             fprintf(stderr,
                     "idemproxy: store: warning: %s is on %s, where LMDB's locks and memory map "

@@ -255,6 +255,9 @@ struct store_stats {
      * asked for, taken because other processes had the store open (a
      * process beside others never maps less than they do). */
     bool map_size_from_store;
+    /* Opened without sync (interval), its commits are flushed anyway now,
+     * because a process opened with sync has the store open. */
+    bool flushing_for_sync;
     /* Which clock the stored leases were on when this handle opened the
      * store. A writable open puts them on this process's (settling them);
      * a read-only one (check-store) leaves them as found. */

@@ -170,7 +170,7 @@ struct lmdb_store {
      * keep_layout). */
     int durability_fd;
     bool interval;            /* opened without store_options.sync, for writing */
-    bool following_sync;      /* MDB_NOSYNC is off for a sync process elsewhere */
+    atomic_bool following_sync; /* MDB_NOSYNC is off for a sync process elsewhere */
     bool map_from_store;      /* mapped at the store's size, larger than asked */
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
@@ -1980,6 +1980,7 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->purge_sweeps = atomic_load(&s->sweeps);
     out->shared_fs = s->shared_fs;
     out->map_size_from_store = s->map_from_store;
+    out->flushing_for_sync = s->following_sync;
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     out->stale_readers_cleared_at_open = s->readers_cleared;

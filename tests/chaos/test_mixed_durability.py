@@ -64,6 +64,10 @@ class MixedDurability(harness.ProxyTestCase):
         p_int, _, _, pend_int, stats_int = self.start_cut_proxy(
             tag, "interval", sync_interval="1h", second=True)
 
+        # The interval process says, once, that it flushes for the other.
+        self.assertIn('durability is "interval", but a process with "sync" has this store '
+                      'open', p_int.stderr())
+        self.assertNotIn("flushes every commit too", p_sync.stderr())
         synced = self.answer(p_sync, ["sync-%d" % i for i in range(KEYS)])
         interval = self.answer(p_int, ["interval-%d" % i for i in range(KEYS)])
         for p in (p_sync, p_int):  # one power supply
