@@ -51,24 +51,46 @@ static void emit(char *line, size_t len)
 }
 
 /* Formats prefix + fm into line (room DIAG_LINE_MAX) ending in one '\n';
- * returns the length. */
+ * returns the length. A control character inside the text is written as
+ * \xNN: libmicrohttpd's messages quote the request's path, decoded ("%0a"
+ * is a line end, "%1b" an ESC), so any client could otherwise write lines
+ * of its own into stderr ("idemproxy: store: ..." forged) or send escape
+ * sequences to the terminal of an operator reading it. */
 static size_t format_line(char *line, const char *prefix, const char *fm, va_list ap)
 {
+    static const char hex[] = "0123456789abcdef";
+    char raw[DIAG_LINE_MAX];
+    size_t rlen = 0;
     size_t len = 0;
     int n;
 
     if (prefix != NULL) {
-        n = snprintf(line, DIAG_LINE_MAX - 128, "%s", prefix);
-        len = n > 0 ? (size_t)n : 0;
-        if (len > DIAG_LINE_MAX - 129)
-            len = DIAG_LINE_MAX - 129;
+        n = snprintf(raw, DIAG_LINE_MAX - 128, "%s", prefix);
+        rlen = n > 0 ? (size_t)n : 0;
+        if (rlen > DIAG_LINE_MAX - 129)
+            rlen = DIAG_LINE_MAX - 129;
     }
     /* Leave room for the notes emit() and the caller may add. */
-    n = vsnprintf(line + len, DIAG_LINE_MAX - 128 - len, fm, ap);
+    n = vsnprintf(raw + rlen, DIAG_LINE_MAX - 128 - rlen, fm, ap);
     if (n > 0)
-        len += (size_t)n < DIAG_LINE_MAX - 129 - len ? (size_t)n : DIAG_LINE_MAX - 129 - len;
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-        len--;
+        rlen += (size_t)n < DIAG_LINE_MAX - 129 - rlen ? (size_t)n : DIAG_LINE_MAX - 129 - rlen;
+    while (rlen > 0 && (raw[rlen - 1] == '\n' || raw[rlen - 1] == '\r'))
+        rlen--;
+    for (size_t i = 0; i < rlen; i++) {
+        unsigned char c = (unsigned char)raw[i];
+        if (c >= 0x20 && c != 0x7f) {
+            if (len + 1 > DIAG_LINE_MAX - 129)
+                break;
+            line[len++] = (char)c;
+        } else {
+            if (len + 4 > DIAG_LINE_MAX - 129)
+                break;
+            line[len++] = '\\';
+            line[len++] = 'x';
+            line[len++] = hex[c >> 4];
+            line[len++] = hex[c & 15];
+        }
+    }
     line[len++] = '\n';
     line[len] = '\0';
     return len;
