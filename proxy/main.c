@@ -489,7 +489,9 @@ struct key_args {
     bool force;
     bool allow_shared_fs;
     uint8_t record_key[STORE_KEY_BYTES];
-    char log_key[9]; /* as the access log shows it */
+    /* As the access log shows it (keyed with the store's salt, so known
+     * once the store is open); "" when the store has none yet. */
+    char log_key[9];
 };
 
 static int key_args_parse(int argc, char **argv, bool forget, struct key_args *ka)
@@ -541,7 +543,6 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
         goto out;
     }
     store_key_derive(scope, scope_len, key, key_len, ka->record_key);
-    idem_key_loghash(argv[3], key, key_len, ka->log_key);
     rc = 0;
 out:
     free(scope);
@@ -597,7 +598,7 @@ static json_t *record_json(const struct key_args *ka, const struct store_record 
         snprintf(hex + 2 * i, 3, "%02x", ka->record_key[i]);
     json_object_set_new(o, "found", json_true());
     json_object_set_new(o, "record_key", json_string(hex));
-    json_object_set_new(o, "log_key", json_string(ka->log_key));
+    json_object_set_new(o, "log_key", ka->log_key[0] ? json_string(ka->log_key) : json_null());
     json_object_set_new(o, "state", json_string(rec->state == STORE_STATE_COMPLETE
                                                     ? "complete"
                                                     : "in_progress"));
@@ -645,7 +646,7 @@ static int print_json(json_t *o)
 /* Opens the store read-only (beside running proxies) and reads the key's
  * record into *rec; c gets the clocks to show its times with. 0, 1 (no
  * record), 2 (the store or the record could not be read). */
-static int key_read(const struct key_args *ka, struct store_record *rec, struct check_ctx *c,
+static int key_read(struct key_args *ka, struct store_record *rec, struct check_ctx *c,
                     uint64_t *map_size)
 {
     char err[512];
@@ -665,6 +666,8 @@ static int key_read(const struct key_args *ka, struct store_record *rec, struct 
     if (store_stats(st, &stats) == 0) {
         c->lease_clock = stats.lease_clock;
         *map_size = stats.map_size_bytes;
+        if (stats.has_log_salt)
+            idem_key_loghash(stats.log_salt, ka->record_key, ka->log_key);
     }
     grc = store_get(st, ka->record_key, rec);
     if (grc == STORE_ECORRUPT) {
@@ -693,7 +696,8 @@ static int show_key(int argc, char **argv)
     if (rc == 0 && print_json(record_json(&ka, &rec, &c)) != 0)
         rc = 2;
     if (rc == 1)
-        printf("{\"found\":false,\"log_key\":\"%s\"}\n", ka.log_key);
+        printf("{\"found\":false,\"log_key\":%s%s%s}\n", ka.log_key[0] ? "\"" : "",
+               ka.log_key[0] ? ka.log_key : "null", ka.log_key[0] ? "\"" : "");
     store_record_clear(&rec);
     return rc;
 }
@@ -741,9 +745,10 @@ static int forget_key(int argc, char **argv)
         fprintf(stderr, "idemproxy: store %s: %s\n", ka.path, store_strerror(frc));
         return 2;
     }
-    printf("{\"forgotten\":%s,\"outcome\":\"%s\",\"was\":\"%s\",\"log_key\":\"%s\"}\n",
+    printf("{\"forgotten\":%s,\"outcome\":\"%s\",\"was\":\"%s\",\"log_key\":%s%s%s}\n",
            o == STORE_DONE ? "true" : "false", store_outcome_name(o),
-           o == STORE_DONE && rc == 2 ? "damaged" : was, ka.log_key);
+           o == STORE_DONE && rc == 2 ? "damaged" : was, ka.log_key[0] ? "\"" : "",
+           ka.log_key[0] ? ka.log_key : "null", ka.log_key[0] ? "\"" : "");
     if (o == STORE_BUSY)
         fprintf(stderr, "idemproxy: its request is running now (a live lease): deleting the "
                         "record would let a retry run beside it, and its result would not be "

@@ -294,10 +294,16 @@ static void hex_encode(const uint8_t *in, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-void idem_key_loghash(const char *scope, const char *key, size_t key_len, char out[9])
+void idem_key_loghash(const uint8_t salt[STORE_LOG_SALT_BYTES],
+                      const uint8_t record_key[STORE_KEY_BYTES], char out[9])
 {
-    uint8_t digest[STORE_KEY_BYTES];
-    store_key_derive(scope, strlen(scope), key, key_len, digest);
+    uint8_t digest[STORE_SHA256_BYTES];
+    const struct store_span parts[] = {{salt, STORE_LOG_SALT_BYTES}, {record_key, STORE_KEY_BYTES}};
+
+    if (store_sha256(parts, 2, digest) != STORE_OK) {
+        memcpy(out, "????????", 9);
+        return;
+    }
     hex_encode(digest, 4, out);
 }
 

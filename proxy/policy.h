@@ -85,8 +85,13 @@ enum idem_key_status idem_key_parse(const char *raw, size_t raw_len, size_t max_
                                     size_t *out_len);
 const char *idem_key_status_text(enum idem_key_status s);
 
-/* A short, non-reversible hash of a key for logs: 8 hex chars + NUL. */
-void idem_key_loghash(const char *scope, const char *key, size_t key_len, char out[9]);
+/* A short hash of a key for logs, 8 hex chars + NUL: the first 4 bytes of
+ * SHA-256(salt, record key). The record key holds the whole scope (tenant
+ * included), so one key of two tenants logs two hashes; the salt is the
+ * store's secret (store_stats), so a reader of the log cannot try guessable
+ * keys against it. "????????" when the hash could not be made (memory). */
+void idem_key_loghash(const uint8_t salt[STORE_LOG_SALT_BYTES],
+                      const uint8_t record_key[STORE_KEY_BYTES], char out[9]);
 
 /* ---- fingerprint ------------------------------------------------------ */
 

@@ -43,6 +43,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -307,6 +308,7 @@ struct proxy_server {
     struct upstream_origin *origin; /* the native client's; NULL with libcurl */
     struct proxy_access_log *access_log; /* NULL: access_log off */
     int listen_lock_fd;  /* see claim_listen_address(); -1 = none */
+    uint8_t log_salt[STORE_LOG_SALT_BYTES]; /* keys the access log's key hash */
 };
 
 /* ---- clocks ------------------------------------------------------------ */
@@ -2354,7 +2356,7 @@ static bool on_headers(struct request *r, const char *method, const char *versio
     }
     store_key_derive(r->scope, r->scope_len, r->key, r->key_len, r->record_key);
     if (cfg->access_log)
-        idem_key_loghash(r->route->scope, r->key, r->key_len, r->keyhash);
+        idem_key_loghash(r->w->srv->log_salt, r->record_key, r->keyhash);
     r->keyed = true;
     return true;
 }
@@ -3536,6 +3538,24 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         goto fail;
     srv->cfg = cfg;
     srv->store = st;
+    {
+        /* The store's salt, so every process on it (and show-key) logs a
+         * key alike. Without one (a store too full to take it) a salt of
+         * this process's own keeps the hash unguessable, not comparable. */
+        struct store_stats stats;
+        if (store_stats(st, &stats) == 0 && stats.has_log_salt) {
+            memcpy(srv->log_salt, stats.log_salt, sizeof(srv->log_salt));
+        } else if (getrandom(srv->log_salt, sizeof(srv->log_salt), 0) !=
+                   (ssize_t)sizeof(srv->log_salt)) {
+            snprintf(err, errlen, "cannot read random bytes for the access log's key hash");
+            free(srv);
+            return -1;
+        } else {
+            idem_diag("idemproxy: store: warning: the store has no log salt and could not take "
+                      "one (full?): this process's access-log key hashes are its own, and "
+                      "show-key's log_key will not match them");
+        }
+    }
     pthread_mutex_init(&srv->ip_lock, NULL);
     srv->listen_lock_fd = -1;
     srv->n_workers = n;

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #define STORE_KEY_BYTES 32
+#define STORE_LOG_SALT_BYTES 32
 #define STORE_LEASE_ID_BYTES 16
 #define STORE_FINGERPRINT_BYTES 32
 
@@ -258,6 +259,13 @@ struct store_stats {
     /* Opened without sync (interval), its commits are flushed anyway now,
      * because a process opened with sync has the store open. */
     bool flushing_for_sync;
+    /* The store's own random secret, made by the first writable open of
+     * this version: the access log's key hash is keyed with it, so a log
+     * reader cannot try guessable keys (order numbers) against the hashes.
+     * has_log_salt is false only for a read-only open of a store no proxy
+     * of this version has opened yet. */
+    bool has_log_salt;
+    uint8_t log_salt[STORE_LOG_SALT_BYTES];
     /* Which clock the stored leases were on when this handle opened the
      * store. A writable open puts them on this process's (settling them);
      * a read-only one (check-store) leaves them as found. */

@@ -64,6 +64,7 @@
 #define STORE_LAYOUT 3u
 #define LAYOUT_KEY "layout"
 #define EPOCH_KEY "lease_epoch"
+#define LOG_SALT_KEY "log_salt"
 /* Reader slots are shared by every process on the path; each pooled read
  * transaction holds one. */
 #define LMDB_MAX_READERS 1024
@@ -171,6 +172,8 @@ struct lmdb_store {
     int durability_fd;
     bool interval;            /* opened without store_options.sync, for writing */
     atomic_bool following_sync; /* MDB_NOSYNC is off for a sync process elsewhere */
+    bool has_log_salt;          /* log_salt read from meta (or made) at open */
+    uint8_t log_salt[STORE_LOG_SALT_BYTES];
     bool map_from_store;      /* mapped at the store's size, larger than asked */
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
@@ -1981,6 +1984,8 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     out->shared_fs = s->shared_fs;
     out->map_size_from_store = s->map_from_store;
     out->flushing_for_sync = s->following_sync;
+    out->has_log_salt = s->has_log_salt;
+    memcpy(out->log_salt, s->log_salt, sizeof(out->log_salt));
     out->map_size_bytes = (uint64_t)info.me_mapsize;
     out->map_used_bytes = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     out->stale_readers_cleared_at_open = s->readers_cleared;
@@ -2452,6 +2457,41 @@ static int leases_settle(struct lmdb_store *s, MDB_txn *txn, uint32_t layout)
  * (*current); a write transaction puts them on it and writes this code's
  * layout over an older one (leases_settle). Committing keeps the handles (a
  * read-only commit writes nothing). */
+/* The store's log salt (store_stats): read from meta, or, in a write
+ * transaction on a store without one, made and written. A value of another
+ * size is damage. */
+static int log_salt_settle(struct lmdb_store *s, MDB_txn *txn, bool make)
+{
+    MDB_val kv = {sizeof(LOG_SALT_KEY) - 1, (void *)LOG_SALT_KEY};
+    MDB_val v;
+    int lrc = mdb_get(txn, s->meta, &kv, &v);
+    int rc;
+
+    if (lrc == 0) {
+        if (v.mv_size != STORE_LOG_SALT_BYTES) {
+            return STORE_ECORRUPT;
+        }
+        memcpy(s->log_salt, v.mv_data, STORE_LOG_SALT_BYTES);
+        s->has_log_salt = true;
+        return STORE_OK;
+    }
+    if (lrc != MDB_NOTFOUND) {
+        return map_err(lrc);
+    }
+    s->has_log_salt = false;
+    if (!make) {
+        return STORE_OK;
+    }
+    rc = fill_random(s->log_salt, STORE_LOG_SALT_BYTES);
+    if (rc == STORE_OK) {
+        v.mv_size = STORE_LOG_SALT_BYTES;
+        v.mv_data = s->log_salt;
+        rc = map_err(mdb_put(txn, s->meta, &kv, &v, 0));
+    }
+    s->has_log_salt = rc == STORE_OK;
+    return rc;
+}
+
 static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags,
                        uint32_t *layout, bool *current, int *store_rc)
 {
@@ -2477,6 +2517,9 @@ static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned in
     }
     if (lrc == 0 && rc == STORE_OK && *layout <= STORE_LAYOUT) {
         rc = leases_current(s, txn, *layout, current);
+    }
+    if (lrc == 0 && rc == STORE_OK && *layout <= STORE_LAYOUT) {
+        rc = log_salt_settle(s, txn, false);
     }
     /* Not on a newer layout, which another process may have written
      * between the read-only look and this transaction: open_dbs refuses it. */
@@ -2876,6 +2919,20 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         goto out;
     }
     s->page_bytes = est.ms_psize;
+    /* A store without a log salt gets one in a transaction of its own, best
+     * effort: a store too full for 32 more bytes still opens (its replays
+     * work), and the caller hashes with a salt of its own meanwhile. */
+    if (!s->read_only && !s->keep_layout && !s->has_log_salt) {
+        MDB_txn *txn = NULL;
+        if (mdb_txn_begin(s->env, NULL, 0, &txn) == 0) {
+            if (log_salt_settle(s, txn, true) != STORE_OK) {
+                mdb_txn_abort(txn);
+                s->has_log_salt = false;
+            } else if (mdb_txn_commit(txn) != 0) { /* frees txn either way */
+                s->has_log_salt = false;
+            }
+        }
+    }
     {
         /* The map as mapped: what the reserves below are a share of. */
         MDB_envinfo info;

@@ -9,7 +9,7 @@ need:
   - figure(): the one summary line every test prints (and appends to
     $CHAOS_FIGURES when set, which tests/chaos/run-long uses);
   - check_store(): `idemproxy check-store PATH [--records]`, parsed;
-  - record_key(): the store key (and the access log's 8-hex key) of a key;
+  - record_key(): the store key of a key (the access log's is harness.log_key());
   - RawConn: a keep-alive connection that also returns the exact bytes of
     each response;
   - /proc readings: VmRSS and friends, open descriptors;
@@ -76,8 +76,8 @@ def figure(test, **figures):
 
 def record_key(scope, key):
     """The store's key for (scope, key) as hex: SHA-256 over the length-
-    prefixed scope and key (store_key_derive). The access log's "key" is its
-    first 8 hex digits. Routes without scope_header only."""
+    prefixed scope and key (store_key_derive). The access log's "key" is
+    harness.log_key(). Routes without scope_header only."""
     if isinstance(scope, str):
         scope = scope.encode()
     if isinstance(key, str):

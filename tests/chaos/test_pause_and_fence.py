@@ -123,6 +123,8 @@ class PauseAndFence(harness.ProxyTestCase):
         actions ran (a stalled machine), so nothing was tested."""
         keys = {v: "fence-t%d-r%d-%s" % (t, attempt, v) for v in VARIANTS}
         hashes = {v: chaoslib.record_key(SCOPE, k) for (v, k) in keys.items()}
+        salt = harness.log_salt(self.store_path)
+        logged = {v: harness.log_key(self.store_path, SCOPE, k, salt) for (v, k) in keys.items()}
 
         # A runs all five; each reaches the upstream before A is frozen.
         a_futs = {v: in_thread(self.timed_post, a, keys[v], headers=VARIANTS[v][0] +
@@ -270,7 +272,7 @@ class PauseAndFence(harness.ProxyTestCase):
         # every attempt, so lines of an earlier, abandoned one do not count).
         def own(lines, v):
             return [e["outcome"] for e in lines
-                    if e.get("key") == hashes[v][:8] and e.get("outcome") != "replayed"]
+                    if e.get("key") == logged[v] and e.get("outcome") != "replayed"]
         harness.wait_for(lambda: all(own(chaoslib.access_log(a), v) for v in VARIANTS), 5)
         lines = chaoslib.access_log(a)
         for v in VARIANTS:

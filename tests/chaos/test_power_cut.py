@@ -439,8 +439,9 @@ class PowerCut(harness.ProxyTestCase):
         self.assertIn("MDB_PANIC", proxy.stderr())
         outcome = {line["key"]: line["outcome"] for line in chaoslib.access_log(proxy)}
         stored, unstored, refused = [], [], []
+        salt = harness.log_salt(store)
         for key, resp in answers.items():
-            o = outcome.get(chaoslib.record_key("payments", key)[:8])
+            o = outcome.get(harness.log_key(store, "payments", key, salt))
             if resp.status == 503:
                 refused.append(key)
             elif o == "unstored":

@@ -20,12 +20,14 @@ fails, and the logs' tails are printed; IDEMPROXY_E2E_KEEP=1 keeps it always.
 
 import concurrent.futures
 import datetime
+import hashlib
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -336,13 +338,45 @@ def forget_boot(path):
     """Rewrites the store's remembered boot id (meta "lease_epoch") to one that
     is not this boot's, with LMDB's own mdb_dump/mdb_load while no process has
     the store open: to the store, the host has booted since."""
-    dump = subprocess.run(["mdb_dump", "-p", "-s", "meta", path], capture_output=True,
+    # The hex format: LMDB 0.9.24's printable one (-p) does not escape a
+    # backslash, so a value holding one (the 32 random bytes of "log_salt")
+    # does not load back as it was.
+    dump = subprocess.run(["mdb_dump", "-s", "meta", path], capture_output=True,
                           check=True, timeout=10).stdout.decode()
-    other, n = re.subn(r"(?m)^ [0-9a-f]{8}-[0-9a-f-]{27}$",
-                       " 00000000-0000-0000-0000-000000000000", dump)
+    other, n = re.subn(r"(?m)^( %s\n) [0-9a-f]{72}$" % b"lease_epoch".hex(),
+                       r"\1 " + b"00000000-0000-0000-0000-000000000000".hex(), dump)
     assert n == 1, dump
     subprocess.run(["mdb_load", "-s", "meta", path], input=other.encode(),
                    capture_output=True, check=True, timeout=10)
+
+
+def record_key(scope, key):
+    """The store's key for (scope, key), 32 bytes: SHA-256 over the
+    length-prefixed scope and key (store_key_derive). Routes without
+    scope_header only (with one, the scope is the route's, a NUL and the
+    hex SHA-256 of the header's value)."""
+    s = scope.encode() if isinstance(scope, str) else scope
+    k = key.encode() if isinstance(key, str) else key
+    return hashlib.sha256(struct.pack(">Q", len(s)) + s + struct.pack(">Q", len(k)) + k).digest()
+
+
+def log_salt(store_path):
+    """The store's log salt (meta "log_salt", 32 bytes), read with mdb_dump
+    beside running proxies; None when the store has none."""
+    out = subprocess.run(["mdb_dump", "-s", "meta", store_path], capture_output=True,
+                         check=True, timeout=10).stdout.decode()
+    lines = out.split("HEADER=END\n", 1)[1].splitlines()
+    for name, value in zip(lines[0::2], lines[1::2]):
+        if name.strip() == b"log_salt".hex():
+            return bytes.fromhex(value.strip())
+    return None
+
+
+def log_key(store_path, scope, key, salt=None):
+    """The access log's "key" for (scope, key): the first 8 hex digits of
+    SHA-256(the store's log salt, the record key) (idem_key_loghash)."""
+    salt = log_salt(store_path) if salt is None else salt
+    return hashlib.sha256(salt + record_key(scope, key)).hexdigest()[:8]
 
 
 def wait_for(predicate, timeout=5.0, interval=0.02):

@@ -14,9 +14,12 @@
   getting the first caller's stored answer.
 """
 
+import hashlib
+import json
 import os
 import socket
 import struct
+import subprocess
 import time
 import unittest
 
@@ -100,6 +103,36 @@ class PrivacyLogsAndStore(harness.ProxyTestCase):
         for secret in (key, "alice-token-93be1d", "bob-token-44c0aa"):
             self.assertNotIn(secret, logs)
             self.assertNotIn(secret.encode(), stored)
+
+    def test_log_key_hash_is_keyed_by_the_store_and_the_tenant(self):
+        # The access log's key hash was the first 4 bytes of SHA-256 over
+        # the route scope and the key: anyone could try order numbers
+        # against it (10 million in 12 s), and one key of two tenants
+        # logged alike. It is now keyed with the store's own random salt,
+        # over the whole scope (tenant included).
+        p = self.start_proxy(scope_header="X-Tenant-Id")
+        for tenant in ("acme", "globex"):
+            self.assertExecuted(self.post(p, "order-1001", headers=[("X-Tenant-Id", tenant)]))
+        log = [e["key"] for e in p.wait_access_log(2)]
+        salt = harness.log_salt(self.store_path)
+        self.assertEqual(len(salt or b""), 32)
+        plain = harness.record_key("payments", "order-1001").hex()[:8]
+        self.assertNotIn(plain, log)
+        self.assertEqual(len(set(log)), 2, log)  # two tenants, two hashes
+        for tenant, logged in zip(("acme", "globex"), log):
+            scope = b"payments\0" + hashlib.sha256(tenant.encode()).hexdigest().encode()
+            self.assertEqual(logged, harness.log_key(self.store_path, scope, "order-1001"))
+        # A second process on the store logs the same key alike (one salt
+        # per store), and show-key names it so.
+        q = self.start_proxy(scope_header="X-Tenant-Id", name="second")
+        self.assertEqual(self.post(q, "order-1001", headers=[("X-Tenant-Id", "acme")]).status,
+                         201)
+        self.assertEqual(q.wait_access_log(1)[0]["key"], log[0])
+        self.assertEqual(harness.log_salt(self.store_path), salt)
+        shown = subprocess.run([harness.binary(), "show-key", self.store_path, "payments",
+                                "order-1001", "--scope-header-value", "acme"],
+                               capture_output=True, timeout=30)
+        self.assertEqual(json.loads(shown.stdout)["log_key"], log[0], shown.stderr)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,10 @@ last one. The summary line says which N ran.
 """
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -81,12 +79,6 @@ STRICT = os.environ.get("IDEM_FAULTS_STRICT") == "1"
 # response_from_upstream, on_uri, append_body, curl_sock_at) are fixed, and
 # their runs must now answer correctly or with a documented 5xx.
 KNOWN_ISSUES = ()
-
-
-def record_key(scope, key):
-    """store_key_derive(): SHA-256 of the length-prefixed scope and key."""
-    s, k = scope.encode(), key.encode()
-    return hashlib.sha256(struct.pack(">Q", len(s)) + s + struct.pack(">Q", len(k)) + k).hexdigest()
 
 
 def sample(k):
@@ -364,9 +356,10 @@ class FaultLoops(harness.ProxyTestCase):
         # Keys whose result could not be stored: their records are held
         # IN_PROGRESS until the TTL, so their retries get 409.
         unstored_keys = set()
+        salt = harness.log_salt(store_path)
         for key, scope in ((tag + "-a", "payments"), (tag + "-c", "refunds"),
                            (tag + "-d", "payments")):
-            h = record_key(scope, key)[:8]
+            h = harness.log_key(store_path, scope, key, salt)
             if any(e.get("key") == h and e.get("outcome") == "unstored" for e in log):
                 unstored_keys.add(key)
         # A failed allocation is the proxy's own want of memory: its 5xx
@@ -398,7 +391,7 @@ class FaultLoops(harness.ProxyTestCase):
         held_seen = False
         for key, scope in ((tag + "-a", "payments"), (tag + "-c", "refunds"),
                            (tag + "-d", "payments")):
-            h = record_key(scope, key)[:8]
+            h = harness.log_key(store_path, scope, key, salt)
             mine = [a for a in answers if a.key == key]
             unstored = [e for e in log if e.get("key") == h and e.get("status", 0) < 500 and
                         e.get("outcome") == "unstored"]

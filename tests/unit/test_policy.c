@@ -375,14 +375,29 @@ static void test_key_loghash(void **state)
     char b[9];
     char c[9];
 
+    char d[9];
+    char plain[9];
+    uint8_t salt[STORE_LOG_SALT_BYTES] = {1, 2, 3};
+    uint8_t other_salt[STORE_LOG_SALT_BYTES] = {9};
+    uint8_t k1[STORE_KEY_BYTES], k2[STORE_KEY_BYTES];
+
     (void)state;
-    idem_key_loghash("payments", "secret-key-1", 12, a);
-    idem_key_loghash("payments", "secret-key-1", 12, b);
-    idem_key_loghash("payments", "secret-key-2", 12, c);
+    store_key_derive("payments", 8, "secret-key-1", 12, k1);
+    store_key_derive("payments", 8, "secret-key-2", 12, k2);
+    idem_key_loghash(salt, k1, a);
+    idem_key_loghash(salt, k1, b);
+    idem_key_loghash(salt, k2, c);
+    idem_key_loghash(other_salt, k1, d);
     assert_int_equal(strlen(a), 8);
     assert_string_equal(a, b);
     assert_string_not_equal(a, c);
     assert_int_equal(strspn(a, "0123456789abcdef"), 8);
+    /* Keyed by the store's salt: not the record key's own first bytes
+     * (what the log showed before, and anyone could compute). */
+    assert_string_not_equal(a, d);
+    for (size_t i = 0; i < 4; i++)
+        snprintf(plain + 2 * i, 3, "%02x", k1[i]);
+    assert_string_not_equal(a, plain);
 }
 
 /* ---- fingerprint ------------------------------------------------------ */
