@@ -60,6 +60,7 @@ static const char usage[] =
     "                     check-config and the access log show it) as JSON; exit 0,\n"
     "                     or 1 when there is none. With a route's scope_header, give\n"
     "                     the request's value of it: --scope-header-value VALUE\n"
+    "                     (VALUE \"-\": read from stdin, off the command line)\n"
     "  forget-key PATH SCOPE KEY\n"
     "                     delete that record, so the key runs again when next sent;\n"
     "                     one whose request is running now (live lease) only with\n"
@@ -497,7 +498,7 @@ struct key_args {
 static int key_args_parse(int argc, char **argv, bool forget, struct key_args *ka)
 {
     const char *scope_value = NULL;
-    char *key = NULL, *scope = NULL;
+    char *key = NULL, *scope = NULL, *line = NULL;
     size_t key_len = 0, scope_len = 0;
     struct config_route route;
     enum idem_key_status ks;
@@ -534,6 +535,29 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
         fprintf(stderr, "idemproxy: KEY: %s\n", idem_key_status_text(ks));
         goto out;
     }
+    /* "-": the value is read from stdin, one line, so that a credential
+     * (scope_header "Authorization") is not on the command line, where
+     * every local user can read it (ps, /proc). */
+    if (scope_value != NULL && strcmp(scope_value, "-") == 0) {
+        size_t n;
+        line = malloc(KEYTOOL_MAX_KEY);
+        if (line == NULL)
+            goto out;
+        if (fgets(line, KEYTOOL_MAX_KEY, stdin) == NULL) {
+            fprintf(stderr, "idemproxy: --scope-header-value -: no line on stdin\n");
+            goto out;
+        }
+        n = strlen(line);
+        if (n > 0 && line[n - 1] != '\n' && !feof(stdin)) {
+            fprintf(stderr, "idemproxy: --scope-header-value -: the line is longer than %d "
+                            "bytes\n",
+                    KEYTOOL_MAX_KEY - 2);
+            goto out;
+        }
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        scope_value = line;
+    }
     memset(&route, 0, sizeof(route));
     route.scope = argv[3];
     route.scope_header = scope_value != NULL ? "(given)" : NULL;
@@ -547,6 +571,7 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
 out:
     free(scope);
     free(key);
+    free(line);
     return rc;
 }
 

@@ -119,6 +119,34 @@ class ShowAndForgetKey(harness.ProxyTestCase):
             self.assertEqual(rc, 2, args)
             self.assertIn(says, err, args)
 
+    def test_scope_header_value_from_stdin(self):
+        # "-" reads the value from stdin: a credential used as the scope
+        # header (Authorization) stays off the command line, where ps shows
+        # it to every local user.
+        proxy = self.start_proxy(scope_header="Authorization")
+        token = "Bearer sk_live_secret"
+        self.assertExecuted(self.post(proxy, "t-9", headers=[("Authorization", token)]))
+
+        def tool_stdin(text, *args):
+            p = subprocess.run([harness.binary()] + list(args), input=text.encode(),
+                               capture_output=True, timeout=30)
+            out = p.stdout.decode().strip()
+            return p.returncode, (json.loads(out) if out else None), p.stderr.decode()
+
+        args = ("show-key", self.store_path, "payments", "t-9", "--scope-header-value", "-")
+        rc, doc, err = tool_stdin(token + "\n", *args)
+        self.assertEqual((rc, doc["state"]), (0, "complete"), err)
+        rc, doc, _ = tool_stdin(token, *args)  # no newline at the end: the same
+        self.assertEqual(rc, 0)
+        rc, doc, _ = tool_stdin("Bearer other\n", *args)
+        self.assertEqual(rc, 1)
+        rc, _, err = tool_stdin("", *args)
+        self.assertEqual(rc, 2)
+        self.assertIn("no line on stdin", err)
+        rc, doc, err = tool_stdin(token + "\r\n", "forget-key", self.store_path, "payments",
+                                  "t-9", "--scope-header-value", "-")
+        self.assertEqual((rc, doc["forgotten"]), (0, True), err)
+
     def test_an_older_layout_is_refused_not_upgraded(self):
         # Raising a store's layout stops the older proxies running on it
         # from writing (every new key 503): forget-key is the operator's
