@@ -549,8 +549,9 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
         }
         n = strlen(line);
         if (n > 0 && line[n - 1] != '\n' && !feof(stdin)) {
-            fprintf(stderr, "idemproxy: --scope-header-value -: the line is longer than %d "
-                            "bytes\n",
+            fprintf(stderr,
+                    "idemproxy: --scope-header-value -: the line is longer than %d "
+                    "bytes\n",
                     KEYTOOL_MAX_KEY - 2);
             goto out;
         }
