@@ -1252,6 +1252,34 @@ static int check_reachable(const struct config *cfg, size_t index, struct errbuf
     return rc;
 }
 
+/* Routes that share a scope share one key space (CONTRACT.md section 4),
+ * which holds only if they agree on scope_header: with it on one and not
+ * the other, the "shared" keys are two spaces; with two header names, the
+ * tenants of one header meet those of the other. */
+static int check_shared_scope(const struct config *cfg, size_t index, struct errbuf *e)
+{
+    const struct config_route *r = &cfg->routes[index];
+    char field[FIELD_LEN];
+    char q[QUOTE_LEN];
+
+    for (size_t i = 0; i < index; i++) {
+        const struct config_route *o = &cfg->routes[i];
+        if (strcmp(o->scope, r->scope) != 0)
+            continue;
+        if ((o->scope_header == NULL) == (r->scope_header == NULL) &&
+            (o->scope_header == NULL || strcasecmp(o->scope_header, r->scope_header) == 0))
+            return CONFIG_OK;
+        snprintf(field, sizeof field, "routes[%zu].scope_header", index);
+        config_quote(r->scope, q, sizeof q);
+        return invalid(e, field,
+                       "routes sharing scope %s share one key space and must agree on "
+                       "scope_header: routes[%zu] has %s%s%s",
+                       q, i, o->scope_header ? "\"" : "",
+                       o->scope_header ? o->scope_header : "none", o->scope_header ? "\"" : "");
+    }
+    return CONFIG_OK;
+}
+
 static int check_config(const struct config *cfg, bool need_upstream, struct errbuf *e)
 {
     size_t i;
@@ -1324,6 +1352,8 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = check_route(&cfg->routes[i], i, e);
     for (i = 1; rc == CONFIG_OK && i < cfg->n_routes; i++)
         rc = check_reachable(cfg, i, e);
+    for (i = 1; rc == CONFIG_OK && i < cfg->n_routes; i++)
+        rc = check_shared_scope(cfg, i, e);
 out:
     return rc;
 }
