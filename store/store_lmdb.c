@@ -2459,7 +2459,9 @@ static int leases_settle(struct lmdb_store *s, MDB_txn *txn, uint32_t layout)
  * read-only commit writes nothing). */
 /* The store's log salt (store_stats): read from meta, or, in a write
  * transaction on a store without one, made and written. A value of another
- * size is damage. */
+ * size is taken as none (and replaced by a writable open): the salt only
+ * keys the access log's hash, and refusing the store for it would stop
+ * every process on it, check-store included. */
 static int log_salt_settle(struct lmdb_store *s, MDB_txn *txn, bool make)
 {
     MDB_val kv = {sizeof(LOG_SALT_KEY) - 1, (void *)LOG_SALT_KEY};
@@ -2467,15 +2469,12 @@ static int log_salt_settle(struct lmdb_store *s, MDB_txn *txn, bool make)
     int lrc = mdb_get(txn, s->meta, &kv, &v);
     int rc;
 
-    if (lrc == 0) {
-        if (v.mv_size != STORE_LOG_SALT_BYTES) {
-            return STORE_ECORRUPT;
-        }
+    if (lrc == 0 && v.mv_size == STORE_LOG_SALT_BYTES) {
         memcpy(s->log_salt, v.mv_data, STORE_LOG_SALT_BYTES);
         s->has_log_salt = true;
         return STORE_OK;
     }
-    if (lrc != MDB_NOTFOUND) {
+    if (lrc != 0 && lrc != MDB_NOTFOUND) {
         return map_err(lrc);
     }
     s->has_log_salt = false;

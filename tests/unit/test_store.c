@@ -1496,6 +1496,55 @@ static void test_malformed_layout_refused(void **state)
     assert_non_null(strstr(err, "layout record is malformed"));
 }
 
+/* The log salt only keys the access log's hash: one of the wrong size (a
+ * stray write, another version) must not make the whole store unopenable,
+ * least of all as "the layout record is malformed". A read-only open goes
+ * without it; a writable one replaces it with a good one. */
+static void test_malformed_log_salt_replaced(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct store_options opt;
+    struct store_stats stats;
+    MDB_env *env = NULL;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_val k = {8, "log_salt"};
+    MDB_val v = {5, "abcde"};
+    char err[256] = "";
+
+    store_close(f->st);
+    f->st = NULL;
+    txn = raw_begin(f->path, false, &env);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    raw_end(env, txn, false);
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+
+    opt.read_only = true;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_OK);
+    assert_int_equal(store_stats(st, &stats), 0);
+    assert_false(stats.has_log_salt);
+    store_close(st);
+    st = NULL;
+
+    opt.read_only = false;
+    assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_OK);
+    assert_int_equal(store_stats(st, &stats), 0);
+    assert_true(stats.has_log_salt);
+    store_close(st);
+    st = NULL;
+
+    txn = raw_begin(f->path, true, &env);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_get(txn, dbi, &k, &v), 0);
+    assert_int_equal(v.mv_size, STORE_LOG_SALT_BYTES);
+    assert_memory_equal(v.mv_data, stats.log_salt, STORE_LOG_SALT_BYTES);
+    raw_end(env, txn, true);
+}
+
 /* keep_layout (forget-key's open): a store of an older layout is refused,
  * not upgraded under the older proxies serving it, and a missing one is
  * not created; one of this layout opens for writing. */
@@ -3629,6 +3678,7 @@ int main(void)
         STORE_TEST(test_in_progress_and_complete_live_apart),
         STORE_TEST(test_in_progress_from_before_the_split),
         STORE_TEST(test_newer_layout_refused),
+        STORE_TEST(test_malformed_log_salt_replaced),
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
