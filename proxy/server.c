@@ -1043,7 +1043,11 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
             r->resp_headers_too_large = true;
             return 0;
         }
-        return idem_headers_extend_last(&r->resp_headers, f.value, f.value_len) == 0 ? len : 0;
+        if (idem_headers_extend_last(&r->resp_headers, f.value, f.value_len) != 0) {
+            r->upstream_no_memory = true;
+            return 0;
+        }
+        return len;
     case IDEM_FIELD_SKIP:
     case IDEM_FIELD_BAD: /* libcurl itself fails the transfer on such a line */
         return len;
@@ -1062,8 +1066,10 @@ static size_t on_upstream_header(char *buf, size_t size, size_t nitems, void *us
             r->resp_headers_too_large = true;
             return 0;
         }
-        if (idem_headers_push(&r->resp_headers, f.name, name_len, f.value, f.value_len) != 0)
+        if (idem_headers_push(&r->resp_headers, f.name, name_len, f.value, f.value_len) != 0) {
+            r->upstream_no_memory = true;
             return 0;
+        }
         /* Ambiguous response framing (RFC 9112 section 6.3): two differing
          * Content-Lengths, or Content-Length with Transfer-Encoding. libcurl
          * picks one reading; the outcome is unknown, not a response. So is
@@ -1108,8 +1114,10 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
         while (ncap < r->resp_len + len)
             ncap *= 2;
         nb = realloc(r->resp_body, ncap);
-        if (nb == NULL)
+        if (nb == NULL) {
+            r->upstream_no_memory = true; /* libcurl says only "write error" */
             return 0;
+        }
         r->resp_body = nb;
         r->resp_cap = ncap;
     }
@@ -1486,7 +1494,10 @@ static void upstream_done(struct request *r, CURLcode code)
     enum idem_upstream_result res = classify(r, code);
     long status = 0;
 
-    r->upstream_no_memory = code == CURLE_OUT_OF_MEMORY;
+    /* Our own callbacks' failed allocations reach here as
+     * CURLE_WRITE_ERROR; they set the flag themselves. */
+    if (code == CURLE_OUT_OF_MEMORY)
+        r->upstream_no_memory = true;
 
     if (res == IDEM_UPSTREAM_RESPONSE) {
         curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
