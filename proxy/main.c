@@ -400,7 +400,8 @@ static int run(const char *config_path, const char *listen, const char *upstream
         else if (store_stats(st, &stats) == 0 && so.map_size_bytes > 0 &&
                  stats.map_size_bytes > so.map_size_bytes)
             fprintf(stderr,
-                    "idemproxy: store: map_size (%llu bytes) is smaller than the store's data "
+                    "idemproxy: store: warning: map_size (%llu bytes) is smaller than the store's "
+                    "data "
                     "(%llu bytes): the map is full (MDB_MAP_FULL) and new keys get 503 until "
                     "purging frees room; raise store.map_size\n",
                     (unsigned long long)so.map_size_bytes,
@@ -499,6 +500,7 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
 {
     const char *scope_value = NULL;
     char *key = NULL, *scope = NULL, *line = NULL;
+    size_t value_len = 0;
     size_t key_len = 0, scope_len = 0;
     struct config_route route;
     enum idem_key_status ks;
@@ -548,22 +550,35 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
             goto out;
         }
         n = strlen(line);
-        if (n > 0 && line[n - 1] != '\n' && !feof(stdin)) {
-            fprintf(stderr,
-                    "idemproxy: --scope-header-value -: the line is longer than %d "
-                    "bytes\n",
-                    KEYTOOL_MAX_KEY - 2);
+        if (n == KEYTOOL_MAX_KEY - 1 && line[n - 1] != '\n' && getc(stdin) != EOF) {
+            fprintf(stderr, "idemproxy: --scope-header-value -: the line is longer than %d bytes\n",
+                    KEYTOOL_MAX_KEY - 1);
             goto out;
         }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = '\0';
         scope_value = line;
     }
+    /* As the proxy sees a header's value: without the white space around
+     * it, and never empty (a request with an empty one gets 400). */
+    if (scope_value != NULL) {
+        size_t n;
+        while (*scope_value == ' ' || *scope_value == '\t')
+            scope_value++;
+        n = strlen(scope_value);
+        while (n > 0 && (scope_value[n - 1] == ' ' || scope_value[n - 1] == '\t'))
+            n--;
+        if (n == 0) {
+            fprintf(stderr, "idemproxy: --scope-header-value: empty (the proxy answers 400 to "
+                            "a request whose scope header is empty, so no record has one)\n");
+            goto out;
+        }
+        value_len = n;
+    }
     memset(&route, 0, sizeof(route));
     route.scope = argv[3];
     route.scope_header = scope_value != NULL ? "(given)" : NULL;
-    if (idem_scope_build(&route, scope_value, scope_value ? strlen(scope_value) : 0, &scope,
-                         &scope_len) != 0) {
+    if (idem_scope_build(&route, scope_value, value_len, &scope, &scope_len) != 0) {
         fprintf(stderr, "idemproxy: out of memory\n");
         goto out;
     }

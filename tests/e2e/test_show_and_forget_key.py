@@ -143,6 +143,18 @@ class ShowAndForgetKey(harness.ProxyTestCase):
         rc, _, err = tool_stdin("", *args)
         self.assertEqual(rc, 2)
         self.assertIn("no line on stdin", err)
+        # As the proxy reads a header: white space around it is not part of
+        # the value, and an empty one matches no record (the proxy 400s it).
+        rc, doc, err = tool_stdin(" \t" + token + " \n", *args)
+        self.assertEqual(rc, 0, err)
+        for empty in (" \n", "\n"):
+            rc, _, err = tool_stdin(empty, *args)
+            self.assertEqual(rc, 2, empty)
+            self.assertIn("--scope-header-value: empty", err)
+        rc, _, err = tool_stdin("", "show-key", self.store_path, "payments", "t-9",
+                                "--scope-header-value", "")
+        self.assertEqual(rc, 2)
+        self.assertIn("--scope-header-value: empty", err)
         rc, doc, err = tool_stdin(token + "\r\n", "forget-key", self.store_path, "payments",
                                   "t-9", "--scope-header-value", "-")
         self.assertEqual((rc, doc["forgotten"]), (0, True), err)
