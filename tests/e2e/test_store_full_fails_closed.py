@@ -112,7 +112,7 @@ class StoreFull(harness.ProxyTestCase):
         self.assertEqual(proxy.stop(), 0)
         # Restarted with a map smaller than the data already stored.
         smaller = self.start_proxy(config=self.config(store={"map_size": "1MiB"}))
-        lines = [l for l in smaller.stderr().splitlines() if "idemproxy: store: map_size" in l]
+        lines = [l for l in smaller.stderr().splitlines() if "idemproxy: store: warning: map_size" in l]
         self.assertTrue(lines, "nothing on stderr says map_size is below the store's data: %r"
                         % smaller.stderr())
         self.assertIn("MDB_MAP_FULL", lines[0])
