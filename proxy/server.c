@@ -200,6 +200,7 @@ struct request {
     bool hb_pending;
     int64_t next_hb_ms;
     bool lease_lost; /* a heartbeat was fenced (the key was stolen): no more of them */
+    bool live_lease; /* acquired: the writer knows lease_id as live until request_free */
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
 
     int64_t wait_deadline_ms;
@@ -480,6 +481,8 @@ static void request_free(struct request *r)
     if (r->response != NULL)
         MHD_destroy_response(r->response);
     store_record_clear(&r->job.op.replay);
+    if (r->live_lease)
+        writer_forget_lease(r->w->srv->writer, r->record_key, r->lease_id);
     r->w->n_requests--;
     free(r->store_headers);
     free(r->resp_body);
@@ -1809,6 +1812,12 @@ static void on_job(struct request *r, struct writer_job *j)
         return;
     }
     r->job_pending = false;
+    if (j->op.kind == STORE_OP_ACQUIRE && j->error == 0 && j->op.outcome == STORE_ACQUIRED) {
+        /* The writer took it for live (no acquire of this process steals
+         * it, however late its heartbeat) until request_free forgets it. */
+        memcpy(r->lease_id, j->op.lease_id, STORE_LEASE_ID_BYTES);
+        r->live_lease = true;
+    }
     if (r->mhd_done) {
         maybe_free(r);
         return;

@@ -48,6 +48,14 @@
 #define FAILURE_LOG_EVERY_MS 10000
 #define FLAP_LOG_EVERY_MS 1000
 #define LOG_CONDITIONS 4
+/* Buckets of the live leases' table (writer_forget_lease), by key hash. */
+#define LIVE_BUCKETS 1024
+
+struct live_lease {
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+    struct live_lease *next;
+};
 
 struct writer {
     struct writer_options opt;
@@ -79,6 +87,12 @@ struct writer {
 
     pthread_mutex_t stats_lock;
     struct writer_stats stats;
+
+    /* The leases this process's acquires took and whose requests are still
+     * there: added by the writer before it delivers the acquire, removed by
+     * writer_forget_lease(). Newest first in a bucket. */
+    pthread_mutex_t live_lock;
+    struct live_lease *live[LIVE_BUCKETS];
 };
 
 static int64_t mono_us(void)
@@ -222,6 +236,66 @@ static void purge_idle(struct writer *w)
     count_purged(w, purged);
 }
 
+static size_t live_bucket(const uint8_t key[STORE_KEY_BYTES])
+{
+    /* The key is a SHA-256: any of its bytes are as good as a hash. */
+    return ((size_t)key[0] | (size_t)key[1] << 8) % LIVE_BUCKETS;
+}
+
+/* Remembers a lease just acquired. Without memory it is not remembered, and
+ * the lease is as stealable once expired as it was before this table. */
+static void live_add(struct writer *w, const struct store_op *op)
+{
+    struct live_lease *l = malloc(sizeof(*l));
+    size_t b = live_bucket(op->key);
+
+    if (l == NULL)
+        return;
+    memcpy(l->key, op->key, STORE_KEY_BYTES);
+    memcpy(l->lease_id, op->lease_id, STORE_LEASE_ID_BYTES);
+    pthread_mutex_lock(&w->live_lock);
+    l->next = w->live[b];
+    w->live[b] = l;
+    pthread_mutex_unlock(&w->live_lock);
+}
+
+/* Marks an acquire with this process's newest live lease on its key, if
+ * any: only that one can still be the record's (a later acquire of the key
+ * replaced any earlier one). */
+static void live_mark(struct writer *w, struct store_op *op)
+{
+    op->has_live_lease = false;
+    pthread_mutex_lock(&w->live_lock);
+    for (struct live_lease *l = w->live[live_bucket(op->key)]; l != NULL; l = l->next) {
+        if (memcmp(l->key, op->key, STORE_KEY_BYTES) == 0) {
+            op->has_live_lease = true;
+            memcpy(op->live_lease_id, l->lease_id, STORE_LEASE_ID_BYTES);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->live_lock);
+}
+
+void writer_forget_lease(struct writer *w, const uint8_t key[STORE_KEY_BYTES],
+                         const uint8_t lease_id[STORE_LEASE_ID_BYTES])
+{
+    struct live_lease **p;
+
+    if (w == NULL)
+        return;
+    pthread_mutex_lock(&w->live_lock);
+    for (p = &w->live[live_bucket(key)]; *p != NULL; p = &(*p)->next) {
+        if (memcmp((*p)->key, key, STORE_KEY_BYTES) == 0 &&
+            memcmp((*p)->lease_id, lease_id, STORE_LEASE_ID_BYTES) == 0) {
+            struct live_lease *gone = *p;
+            *p = gone->next;
+            free(gone);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->live_lock);
+}
+
 static void apply_batch(struct writer *w, struct writer_job *list)
 {
     size_t n = 0;
@@ -234,8 +308,12 @@ static void apply_batch(struct writer *w, struct writer_job *list)
 
     for (struct writer_job *j = list; j != NULL && n < w->opt.max_batch; j = j->next)
         w->jobs[n++] = j;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        /* On the job's op, so that an op-by-op rerun (below) keeps it. */
+        if (w->jobs[i]->op.kind == STORE_OP_ACQUIRE)
+            live_mark(w, &w->jobs[i]->op);
         w->ops[i] = w->jobs[i]->op;
+    }
     /* While purge work is due, a bounded share of it rides along in this
      * transaction; it never changes what the ops get (store.h). */
     start_us = mono_us();
@@ -275,10 +353,14 @@ static void apply_batch(struct writer *w, struct writer_job *list)
         w->jobs[i]->error = w->errors[i];
         if (w->errors[i] != 0)
             continue;
-        if (w->ops[i].outcome == STORE_FULL)
+        if (w->ops[i].outcome == STORE_FULL) {
             full = true;
-        else if (w->ops[i].outcome == STORE_ACQUIRED)
+        } else if (w->ops[i].outcome == STORE_ACQUIRED) {
             room = true;
+            /* Before the job goes back: its request forgets the lease
+             * when it is freed, which may be as soon as it has the job. */
+            live_add(w, &w->ops[i]);
+        }
     }
     /* Said before the jobs go back (the store's cause is this thread's).
      * Only a new key acquired shows that a full store takes new keys
@@ -407,11 +489,13 @@ int writer_start(const struct writer_options *opt, struct writer **out)
         goto out;
     pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->stats_lock, NULL);
+    pthread_mutex_init(&w->live_lock, NULL);
     idem_cond_init_monotonic(&w->cond);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         pthread_cond_destroy(&w->cond);
         pthread_mutex_destroy(&w->lock);
         pthread_mutex_destroy(&w->stats_lock);
+        pthread_mutex_destroy(&w->live_lock);
         goto out;
     }
     *out = w;
@@ -453,6 +537,14 @@ void writer_stop(struct writer *w)
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->lock);
     pthread_mutex_destroy(&w->stats_lock);
+    pthread_mutex_destroy(&w->live_lock);
+    for (size_t b = 0; b < LIVE_BUCKETS; b++) {
+        while (w->live[b] != NULL) {
+            struct live_lease *next = w->live[b]->next;
+            free(w->live[b]);
+            w->live[b] = next;
+        }
+    }
     free(w->jobs);
     free(w->ops);
     free(w->errors);

@@ -62,4 +62,12 @@ struct writer_stats {
 };
 void writer_get_stats(struct writer *w, struct writer_stats *out);
 
+/* The writer remembers every lease an acquire of this process took, until
+ * the submitter forgets it here (when its request is gone, settled or not),
+ * and no acquire of this process steals one of them (store.h,
+ * has_live_lease): the holder is alive, its heartbeat only late. Any
+ * thread; writer_forget_lease(NULL, ...) is a no-op. */
+void writer_forget_lease(struct writer *w, const uint8_t key[STORE_KEY_BYTES],
+                         const uint8_t lease_id[STORE_LEASE_ID_BYTES]);
+
 #endif

@@ -175,6 +175,15 @@ struct store_op {
      * waiting will not help, and no op of any owner can settle it. */
     bool hold;
     bool force;                                 /* in: forget (see STORE_OP_FORGET) */
+    /* in: acquire: a lease of the caller's own whose holder is alive (its
+     * request still runs), when the record may hold it. The acquire never
+     * steals that lease, expired or not (STORE_BUSY instead): an expired
+     * lease of a live holder means its heartbeat is queued behind a slow
+     * commit (a stalling disk: the lease an extend or acquire stores is
+     * counted from its transaction's start, and may be over by the time the
+     * commit is durable), not that the holder is gone. */
+    bool has_live_lease;
+    uint8_t live_lease_id[STORE_LEASE_ID_BYTES];
     int64_t ttl_ms;                             /* in: acquire, complete */
     int status;                                 /* in: complete */
     struct store_span headers;                  /* in: complete */

@@ -1007,7 +1007,10 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         }
         goto out;
     }
-    if (found && cur.state == STORE_STATE_IN_PROGRESS && cur.lease_expires_ms > s->lease_now) {
+    if (found && cur.state == STORE_STATE_IN_PROGRESS &&
+        (cur.lease_expires_ms > s->lease_now ||
+         (op->has_live_lease &&
+          memcmp(cur.lease_id, op->live_lease_id, STORE_LEASE_ID_BYTES) == 0))) {
         res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
         if (same_fp) {
             res->lease_expires_ms = cur.lease_expires_ms;

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""A stalling disk (a cloud volume's fdatasync taking seconds): a live lease
+must not be stolen by the proxy's own duplicates.
+
+The proxy runs under libslowdisk.so (slowdisk.c): while a stall file exists,
+every flush of the store's data.mdb (fdatasync, and LMDB's O_DSYNC meta page
+write) blocks. The store writer is then stuck in one commit; every heartbeat
+of the process queues behind it, and a lease committed by that transaction
+(an extend, or the acquire itself) was computed when the transaction began,
+so when the stall outlasts `lease` it is already over once it is durable.
+
+Before 2026-12-06 a duplicate that arrived during such a stall read the
+record, found the lease expired, and its acquire, committed right after the
+stall, stole the key from a holder of the same process that was alive and
+waiting for its heartbeat to commit: the upstream ran the action twice.
+A process now never steals a lease one of its own requests holds (writer.c).
+
+Two cases, each with a stall of 2.5 s against a 1 s lease (heartbeat 100 ms,
+the minimum settings):
+  holder_heartbeat  the holder's action is running; its heartbeat is the
+                    stalled commit;
+  holder_acquire    the holder's acquire is the stalled commit.
+Both: the duplicate must get the holder's answer (a replay), and the upstream
+must see the key once.
+"""
+
+import os
+import time
+import unittest
+
+import chaoslib
+from chaoslib import harness
+from harness import in_thread
+
+TEST = "slow_disk"
+LEASE = "1s"
+HEARTBEAT = "100ms"
+STALL_S = 2.5
+
+
+def slowdisk_lib():
+    path = os.environ.get("SLOWDISK_LIB")
+    if not path:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(os.path.dirname(os.path.dirname(here)), "build", "tests", "chaos",
+                            "libslowdisk.so")
+    if not os.path.exists(path):
+        raise RuntimeError("libslowdisk.so not found at %s (set SLOWDISK_LIB)" % path)
+    return path
+
+
+class SlowDisk(harness.ProxyTestCase):
+    def start_slow_proxy(self):
+        self.stall_file = os.path.join(self.workdir, "stall")
+        self.stats_file = os.path.join(self.workdir, "slowdisk.stats")
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = " ".join(filter(None, [slowdisk_lib(), env.get("LD_PRELOAD")]))
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
+                                                      "verify_asan_link_order=0"]))
+        env["SLOWDISK_STALL_FILE"] = self.stall_file
+        env["SLOWDISK_STATS"] = self.stats_file
+        config = self.config(routes=[self.route(lease=LEASE, heartbeat=HEARTBEAT, wait="10s")],
+                             timeout="20s")
+        p = harness.Proxy(self.workdir, config, "slow", env=env)
+        self.proxies.append(p)
+        return p.start()
+
+    def stall(self):
+        with open(self.stall_file, "w"):
+            pass
+        self.note("stall begins")
+
+    def unstall(self):
+        os.unlink(self.stall_file)
+        self.note("stall ends")
+
+    def stats(self):
+        with open(self.stats_file) as f:
+            return dict(kv.split("=") for kv in f.read().split())
+
+    def check(self, key, first, dup):
+        first, dup = first.result(30), dup.result(30)
+        self.assertExecuted(first)
+        runs = self.upstream.count(key)
+        self.assertEqual(runs, 1, "the action ran %d times: a live lease was stolen during "
+                         "the stall (first %r, duplicate %r)" % (runs, first, dup))
+        self.assertReplayOf(dup, first)
+        self.assertGreaterEqual(int(self.stats()["stalled"]), 1, "no flush was stalled")
+        return runs
+
+    def test_holder_heartbeat_stalled(self):
+        proxy = self.start_slow_proxy()
+        key = "slow-hb"
+        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
+                          timeout=30)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
+        time.sleep(0.3)  # a few heartbeats committed
+        self.stall()
+        started = time.monotonic()
+        time.sleep(1.5)  # past the lease: the last committed extend is over
+        dup = in_thread(self.post, proxy, key, timeout=30)
+        time.sleep(STALL_S - (time.monotonic() - started))
+        self.unstall()
+        runs = self.check(key, first, dup)
+        chaoslib.figure(TEST + "_heartbeat", stall_s=STALL_S, lease=LEASE,
+                        heartbeat=HEARTBEAT, executions=runs)
+
+    def test_holder_acquire_stalled(self):
+        proxy = self.start_slow_proxy()
+        key = "slow-acq"
+        self.stall()
+        started = time.monotonic()
+        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "1500")],
+                          timeout=30)
+        time.sleep(0.3)  # the first's acquire is the stalled commit
+        dup = in_thread(self.post, proxy, key, timeout=30)
+        time.sleep(STALL_S - (time.monotonic() - started))
+        self.unstall()
+        runs = self.check(key, first, dup)
+        chaoslib.figure(TEST + "_acquire", stall_s=STALL_S, lease=LEASE,
+                        heartbeat=HEARTBEAT, executions=runs)
+
+
+if __name__ == "__main__":
+    unittest.main()
