@@ -38,6 +38,7 @@
  * is 128 times nginx's 8 KiB header buffer, and 6 GiB resident at the
  * default max_connections already. */
 #define MAX_HEADER_MEMORY CONFIG_MIB
+#define MIN_MAX_BUFFERED CONFIG_MIB
 /* Below a few KiB every ordinary answer (a JSON object, a problem+json
  * error) is "too large": each keyed request would run its action, get 502
  * and be released, and each retry would run it again. 4 KiB is one page,
@@ -767,6 +768,14 @@ static int parse_server(json_t *v, struct config_server *sv, struct errbuf *e)
 #endif
             if (rc == CONFIG_OK)
                 sv->header_memory_bytes = (size_t)bytes;
+        } else if (strcmp(key, "max_buffered") == 0) {
+            if (json_is_string(val) && strcmp(json_string_value(val), "auto") == 0) {
+                sv->max_buffered_bytes = 0;
+            } else {
+                rc = get_size(val, field, &sv->max_buffered_bytes, e);
+                if (rc == CONFIG_OK && sv->max_buffered_bytes < MIN_MAX_BUFFERED)
+                    rc = invalid(e, field, "must be \"auto\" or at least 1MiB");
+            }
         } else if (strcmp(key, "drain_timeout") == 0) {
             rc = get_duration(val, field, &sv->drain_timeout_ms, e);
         } else {
@@ -1350,6 +1359,13 @@ static int check_config(const struct config *cfg, bool need_upstream, struct err
         rc = invalid(e, "routes", "must not be empty");
     for (i = 0; rc == CONFIG_OK && i < cfg->n_routes; i++)
         rc = check_route(&cfg->routes[i], i, e);
+    /* A body larger than the budget could never be admitted: every such
+     * request would get 503 for ever. */
+    for (i = 0; rc == CONFIG_OK && i < cfg->n_routes; i++)
+        if (cfg->server.max_buffered_bytes != 0 &&
+            cfg->routes[i].max_body_bytes > cfg->server.max_buffered_bytes)
+            rc = invalid(e, "server.max_buffered",
+                         "must be at least every route's max_body (routes[%zu].max_body)", i);
     for (i = 1; rc == CONFIG_OK && i < cfg->n_routes; i++)
         rc = check_reachable(cfg, i, e);
     for (i = 1; rc == CONFIG_OK && i < cfg->n_routes; i++)

@@ -85,6 +85,9 @@ struct config_server {
     unsigned per_ip_connections;
     int64_t client_timeout_ms; /* idle client connection timeout */
     size_t header_memory_bytes; /* per-connection header memory (431 past it) */
+    /* request bodies, answers and replays held in memory by the process at
+     * once (503 out-of-memory past it); 0: "auto", from the memory limit */
+    uint64_t max_buffered_bytes;
     int64_t drain_timeout_ms;   /* bound on in-flight requests at SIGTERM */
 };
 

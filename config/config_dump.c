@@ -182,6 +182,10 @@ static json_t *document(const struct config *cfg)
         put(sv, "per_ip_connections", json_integer(cfg->server.per_ip_connections), &ok);
         put(sv, "client_timeout", duration(cfg->server.client_timeout_ms), &ok);
         put(sv, "header_memory", size(cfg->server.header_memory_bytes), &ok);
+        put(sv, "max_buffered",
+            cfg->server.max_buffered_bytes ? size(cfg->server.max_buffered_bytes)
+                                           : json_string("auto"),
+            &ok);
         put(sv, "drain_timeout", duration(cfg->server.drain_timeout_ms), &ok);
     }
     put(root, "server", sv, &ok);

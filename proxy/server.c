@@ -187,6 +187,10 @@ struct request {
 
     uint8_t *body;
     size_t body_len, body_cap;
+    uint64_t charged;      /* of server.max_buffered: returned by request_free() */
+    uint64_t body_charged; /* of which for the body: its Content-Length, or body_cap */
+    bool resp_cap_charged; /* resp_body's growth was charged as it came */
+    bool budget_full;      /* oom: server.max_buffered, not a failed allocation */
     bool body_too_large;
     size_t body_discarded;
 
@@ -302,6 +306,10 @@ struct proxy_server {
     atomic_int stopping;
     atomic_int n_waiting;
     atomic_uint n_conns; /* client connections of all workers, see on_connection() */
+    /* server.max_buffered: bytes of request bodies, answers and replays the
+     * requests of all workers hold (see budget_take()), and the bound */
+    _Atomic uint64_t buffered;
+    uint64_t max_buffered;
     pthread_mutex_t ip_lock;
     struct ip_count *ip_buckets[IP_BUCKETS];
     char *upstream_base; /* upstream URL without trailing slash */
@@ -461,6 +469,103 @@ static void set_waiting(struct request *r, bool waiting)
     }
 }
 
+/* The memory the process may use: its cgroup's limit (v2 memory.max, v1
+ * memory.limit_in_bytes) or the machine's, whichever is smaller. 0: none
+ * found. */
+static uint64_t read_u64_file(const char *path)
+{
+    char buf[64];
+    unsigned long long v = 0;
+    FILE *f = fopen(path, "re");
+
+    if (f == NULL)
+        return 0;
+    if (fgets(buf, sizeof(buf), f) == NULL || sscanf(buf, "%llu", &v) != 1)
+        v = 0; /* "max" (v2: no limit) */
+    fclose(f);
+    return v;
+}
+
+static uint64_t memory_limit(void)
+{
+    uint64_t limit = 0;
+    char line[512], path[640];
+    FILE *f = fopen("/proc/meminfo", "re");
+    unsigned long long kib;
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
+            limit = (uint64_t)kib * 1024;
+            break;
+        }
+    if (f != NULL)
+        fclose(f);
+    f = fopen("/proc/self/cgroup", "re");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        char *cg = strrchr(line, ':');
+        uint64_t v = 0;
+        if (cg == NULL)
+            continue;
+        cg[strcspn(cg, "\n")] = '\0';
+        if (strncmp(line, "0::", 3) == 0)
+            snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.max", cg + 1);
+        else if (strstr(line, ":memory:") != NULL)
+            snprintf(path, sizeof(path), "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", cg + 1);
+        else
+            continue;
+        v = read_u64_file(path);
+        if (v > 0 && (limit == 0 || v < limit))
+            limit = v;
+    }
+    if (f != NULL)
+        fclose(f);
+    return limit;
+}
+
+/* server.max_buffered "auto": half the memory the process may use (the
+ * rest: the store's pages, which count against a cgroup, allocator slack,
+ * and answers arriving past the bound), at least 64 MiB and the largest
+ * max_body, so every route's bodies can be admitted. */
+static uint64_t max_buffered_auto(const struct config *cfg)
+{
+    uint64_t b = memory_limit() / 2;
+
+    if (b < ((uint64_t)64 << 20))
+        b = (uint64_t)64 << 20;
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        if (cfg->routes[i].max_body_bytes > b)
+            b = cfg->routes[i].max_body_bytes;
+    return b;
+}
+
+/*
+ * server.max_buffered: what the process's requests hold in memory (bodies,
+ * upstream answers and their copies, replayed answers), counted per request
+ * and given back when the request is freed (its answer has been sent by
+ * then). Without force, false when n more would pass the bound: the caller
+ * answers 503 out-of-memory before anything is forwarded. With force (an
+ * answer whose action already ran) it is counted anyway, and new requests
+ * wait for room.
+ */
+static bool budget_take(struct request *r, uint64_t n, bool force)
+{
+    struct proxy_server *srv = r->w->srv;
+    uint64_t was = atomic_fetch_add(&srv->buffered, n);
+
+    if (!force && was + n > srv->max_buffered) {
+        atomic_fetch_sub(&srv->buffered, n);
+        return false;
+    }
+    r->charged += n;
+    return true;
+}
+
+/* Whether the process holds more than server.max_buffered now. */
+static bool budget_over(const struct request *r)
+{
+    return atomic_load(&r->w->srv->buffered) > r->w->srv->max_buffered;
+}
+
 static void request_free(struct request *r)
 {
     if (r == NULL)
@@ -484,6 +589,8 @@ static void request_free(struct request *r)
     if (r->live_lease)
         writer_forget_lease(r->w->srv->writer, r->record_key, r->lease_id);
     r->w->n_requests--;
+    if (r->charged > 0)
+        atomic_fetch_sub(&r->w->srv->buffered, r->charged);
     free(r->store_headers);
     free(r->resp_body);
     free(r->body);
@@ -565,6 +672,12 @@ static void respond_problem(struct request *r, int status, const char *slug, con
 
 /* Out of memory before anything was forwarded: 503, a retry may fit. */
 #define HOLD_FAILED "the proxy could not hold this request; nothing was forwarded"
+#define BUDGET_FULL                                                                                \
+    "the proxy holds server.max_buffered of request and response bodies; nothing was "             \
+    "forwarded; retry"
+#define BUDGET_REPLAY                                                                              \
+    "the proxy holds server.max_buffered of request and response bodies; this key's stored "       \
+    "answer was not sent; retry"
 static void respond_oom(struct request *r, const char *detail, bool close_conn)
 {
     respond_problem(r, 503, "out-of-memory", "Out of memory", detail, "unavailable", 1,
@@ -865,6 +978,11 @@ static void respond_replay(struct request *r, struct store_record *rec)
                         "rejected", 0, false);
         return;
     }
+    if (!budget_take(r, len, false)) {
+        idem_headers_clear(&h);
+        respond_oom(r, BUDGET_REPLAY, false);
+        return;
+    }
     resp = MHD_create_response_from_buffer(len, len ? body : (void *)"",
                                            len ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (resp != NULL && len > 0) {
@@ -1121,6 +1239,9 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
             r->upstream_no_memory = true; /* libcurl says only "write error" */
             return 0;
         }
+        /* The action ran: counted, never refused (budget_take()). */
+        budget_take(r, ncap - r->resp_cap, true);
+        r->resp_cap_charged = true;
         r->resp_body = nb;
         r->resp_cap = ncap;
     }
@@ -1475,6 +1596,8 @@ static struct MHD_Response *response_from_upstream(struct request *r)
                                                MHD_RESPMEM_MUST_COPY);
     if (resp == NULL)
         return NULL;
+    if (size < 0)
+        budget_take(r, r->resp_len, true); /* the copy, until the answer is sent */
     idem_response_headers_each(&r->resp_headers, NULL, add_mhd_header, resp);
     return resp;
 }
@@ -1537,6 +1660,8 @@ static void native_done(struct upstream_exchange *x)
         r->resp_body = resp->body;
         r->resp_len = resp->body_len;
         r->resp_cap = resp->body_cap;
+        budget_take(r, r->resp_cap, true);
+        r->resp_cap_charged = true;
         resp->body = NULL;
         resp->body_len = resp->body_cap = 0;
     } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
@@ -1751,7 +1876,15 @@ static void drop_waiter(struct request *r)
 static void lookup(struct request *r)
 {
     struct store_record rec = {0};
-    int rc = store_get(r->w->srv->store, r->record_key, &rec);
+    int rc;
+
+    /* The store hands out a copy of a stored answer: past the bound, not
+     * even that (nothing would be forwarded or replayed anyway). */
+    if (budget_over(r)) {
+        respond_oom(r, BUDGET_FULL, false);
+        return;
+    }
+    rc = store_get(r->w->srv->store, r->record_key, &rec);
 
     if (rc == STORE_ENOMEM) {
         respond_oom(r, "the proxy ran out of memory reading this key's record; nothing was "
@@ -2306,6 +2439,21 @@ static bool on_headers(struct request *r, const char *method, const char *versio
                         true);
         return false;
     }
+    /* Room for the whole body before any of it is read (server.max_buffered):
+     * past it, 503 at once and nothing forwarded, as a 413 is. */
+    if (cl != NULL) {
+        uint64_t n = strtoull(cl->value, NULL, 10);
+        if (n > 0 && !budget_take(r, n, false)) {
+            /* The body is read and thrown away, then answered (as a body
+             * too large without Content-Length is), so the client reads
+             * the 503 rather than a reset in the middle of its upload. */
+            r->oom = true;
+            r->budget_full = true;
+            r->body_too_large = true;
+        } else {
+            r->body_charged = n;
+        }
+    }
     if (r->route == NULL)
         return true;
     {
@@ -2410,6 +2558,21 @@ static bool append_body(struct request *r, const char *data, size_t len)
         uint8_t *nb;
         while (ncap < r->body_len + len)
             ncap *= 2;
+        /* A Content-Length body is held in exactly its length, counted at
+         * its head; a chunked one is counted as it grows. */
+        if (r->body_charged >= r->body_len + len && ncap > r->body_charged)
+            ncap = (size_t)r->body_charged;
+        if (ncap > r->body_charged) {
+            if (!budget_take(r, ncap - r->body_charged, false)) {
+                /* Answered at the end of the body, like a failed realloc. */
+                r->oom = true;
+                r->budget_full = true;
+                r->body_too_large = true;
+                r->body_discarded += len;
+                return true;
+            }
+            r->body_charged = ncap;
+        }
         nb = realloc(r->body, ncap);
         if (nb == NULL) {
             /* Answered at the end of the body, like a body too large. */
@@ -2430,7 +2593,7 @@ static bool append_body(struct request *r, const char *data, size_t len)
 static void on_complete_request(struct request *r)
 {
     if (r->oom) {
-        respond_oom(r, HOLD_FAILED, true);
+        respond_oom(r, r->budget_full ? BUDGET_FULL : HOLD_FAILED, true);
         return;
     }
     if (r->body_too_large) {
@@ -2448,6 +2611,12 @@ static void on_complete_request(struct request *r)
             r->problem = "shutting-down";
             respond(r, make_shutting_down("the proxy is stopping; nothing was forwarded; retry"),
                     503, "unavailable");
+            return;
+        }
+        if (budget_over(r)) {
+            /* Answers of requests already forwarded hold more than the
+             * bound: nothing new is forwarded until they are sent. */
+            respond_oom(r, BUDGET_FULL, false);
             return;
         }
         int src = start_upstream(r);
@@ -3558,6 +3727,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         goto fail;
     srv->cfg = cfg;
     srv->store = st;
+    srv->max_buffered =
+        cfg->server.max_buffered_bytes ? cfg->server.max_buffered_bytes : max_buffered_auto(cfg);
     {
         /* The store's salt, so every process on it (and show-key) logs a
          * key alike. Without one (a store too full to take it) a salt of
@@ -3648,8 +3819,11 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
         char host[INET6_ADDRSTRLEN];
         int port;
         format_address(&ss, host, sizeof(host), &port);
-        fprintf(stderr, "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s\n",
-                host, port, n, srv->upstream_base, cfg->store.path);
+        fprintf(stderr,
+                "idemproxy: listening on %s:%d, %u workers, upstream %s, store %s, "
+                "max_buffered %.0fMiB\n",
+                host, port, n, srv->upstream_base, cfg->store.path,
+                (double)srv->max_buffered / (1024.0 * 1024.0));
         if (srv->origin != NULL && !upstream_origin_resolved(srv->origin))
             fprintf(stderr,
                     "idemproxy: warning: the upstream's host does not resolve (yet); forwarded "

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""server.max_buffered bounds what the process holds in memory at once.
+
+Request bodies are held whole before they are forwarded and replays copy a
+stored answer out of the store; without a bound on the total, 200 clients
+sending 4 MiB each held 812 MiB, 256 replays of a 10 MiB answer 2.5 GiB, and
+under a 512 MiB cgroup the proxy was OOM-killed with every request in flight
+lost and their records left IN_PROGRESS. Past the bound a new request gets
+503 out-of-memory with Retry-After, and nothing is forwarded or acquired (the
+key stays unused), and a replay that does not fit gets the same 503. What the
+refused requests took is given back: afterwards everything fits again.
+"""
+
+import socket
+import threading
+import time
+import unittest
+
+import harness
+
+MIB = 1 << 20
+
+
+class MemoryBudget(harness.ProxyTestCase):
+    def config_with(self, budget, **route):
+        return self.config(routes=[self.route(**route)], server={"max_buffered": budget})
+
+    def test_bodies_past_the_budget_get_503_and_are_not_forwarded(self):
+        # 8 MiB for six 2 MiB bodies held at once (the upstream answers after
+        # 2 s): at most four fit, the rest are refused before anything is
+        # forwarded.
+        proxy = self.start_proxy(config=self.config_with("8MiB", max_body="4MiB"))
+        body = b"b" * (2 * MIB)
+        results = {}
+
+        def send(i):
+            results[i] = self.post(proxy, "body-%d" % i, body=body,
+                                   content_type="application/octet-stream",
+                                   headers=[("X-Test-Delay-Ms", "2000")], timeout=20)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ok = [i for i, r in results.items() if r.status == 201]
+        refused = [i for i, r in results.items() if r.status != 201]
+        self.note("admitted %s refused %s", ok, refused)
+        self.assertLessEqual(len(ok), 4, results)
+        self.assertGreaterEqual(len(refused), 2, results)
+        for i in refused:
+            doc = self.assertProblem(results[i], 503)
+            self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
+            self.assertIn("max_buffered", doc["detail"])
+            self.assertRetryAfter(results[i], minimum=1)
+            self.assertEqual(self.upstream.count("body-%d" % i), 0)
+        # Nothing acquired for a refused key, and the budget is back: its
+        # retry runs, once.
+        for i in refused:
+            self.assertExecuted(self.post(proxy, "body-%d" % i, body=body,
+                                          content_type="application/octet-stream"))
+            self.assertEqual(self.upstream.count("body-%d" % i), 1)
+        for i in ok:
+            self.assertEqual(self.upstream.count("body-%d" % i), 1)
+
+    def test_chunked_body_past_the_budget_gets_503(self):
+        # Counted as it arrives: 3 MiB held by a slow request, then a chunked
+        # 3 MiB body does not fit in 4 MiB.
+        proxy = self.start_proxy(config=self.config_with("4MiB", max_body="4MiB"))
+        held = harness.in_thread(self.post, proxy, "held", body=b"h" * (3 * MIB),
+                                 content_type="application/octet-stream",
+                                 headers=[("X-Test-Delay-Ms", "2000")], timeout=20)
+        harness.wait_for(lambda: self.upstream.count("held") == 1, timeout=10)
+        r = self.chunked_post(proxy, "chunked", 3 * MIB)
+        doc = self.assertProblem(r, 503)
+        self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
+        self.assertEqual(self.upstream.count("chunked"), 0)
+        self.assertExecuted(held.result())
+        self.assertExecuted(self.chunked_post(proxy, "chunked", 3 * MIB))
+
+    def chunked_post(self, proxy, key, size):
+        # In 64 KiB chunks (harness.build_request's are 7 bytes).
+        chunk = b"c" * (64 * 1024)
+        head = harness.build_request("POST", "/v1/payments", [
+            ("Host", "x"), ("Idempotency-Key", key), ("Content-Type", "application/octet-stream"),
+            ("Transfer-Encoding", "chunked")], add_length=False)
+        body = b"%x\r\n%s\r\n" % (len(chunk), chunk) * (size // len(chunk)) + b"0\r\n\r\n"
+        with proxy.conn(timeout=20) as c:
+            c.send(head + body)
+            return c.read_response()
+
+    def test_replays_past_the_budget_get_503(self):
+        # A 6 MiB stored answer replayed to clients that do not read yet:
+        # each replay holds its copy until it is sent, so 16 MiB holds two.
+        proxy = self.start_proxy(config=self.config_with("16MiB"))
+        size = 6 * MIB
+        hdrs = [("X-Test-Fault", "huge"), ("X-Test-Size", str(size))]
+        first = self.post(proxy, "big-answer", headers=hdrs, timeout=20)
+        self.assertEqual(first.status, 201, first)
+        self.assertEqual(first.body, harness.huge_body(size))
+
+        conns = []
+        for _ in range(5):
+            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            c.settimeout(20)
+            c.connect(("127.0.0.1", proxy.port))
+            c.sendall(harness.build_request(
+                "POST", "/v1/payments",
+                [("Host", "x"), ("Content-Type", "application/json"),
+                 ("Idempotency-Key", "big-answer")] + hdrs, harness.PAYMENT_BODY))
+            conns.append(c)
+        # Every replay answered (or refused) while none is read yet.
+        time.sleep(2)
+        statuses = []
+        for c in conns:
+            conn = harness.Conn.__new__(harness.Conn)
+            conn.sock, conn.buf, conn.port, conn.host = c, b"", proxy.port, "127.0.0.1"
+            r = conn.read_response()
+            c.close()
+            statuses.append(r.status)
+            if r.status == 200 or r.status == 201:
+                self.assertTrue(r.replayed, r)
+                self.assertEqual(r.body, harness.huge_body(size))
+            else:
+                doc = self.assertProblem(r, 503)
+                self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
+                self.assertRetryAfter(r, minimum=1)
+        self.note("replay statuses %s", statuses)
+        self.assertLessEqual(statuses.count(201), 2, statuses)
+        self.assertGreaterEqual(statuses.count(503), 3, statuses)
+        self.assertEqual(self.upstream.count("big-answer"), 1)
+        # Given back: replays one after another all fit.
+        for _ in range(3):
+            r = self.post(proxy, "big-answer", headers=hdrs, timeout=20)
+            self.assertEqual(r.status, 201, r)
+            self.assertTrue(r.replayed, r)
+
+
+if __name__ == "__main__":
+    unittest.main()
