@@ -1468,6 +1468,21 @@ static uint32_t set_layout(const char *path, uint32_t layout)
     return was;
 }
 
+/* Writes one record of the meta table behind the store's back (the store
+ * must be closed). */
+static void meta_put(const char *path, const char *key, const void *value, size_t len)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = raw_begin(path, false, &env);
+    MDB_dbi dbi;
+    MDB_val k = {strlen(key), (void *)key};
+    MDB_val v = {len, (void *)value};
+
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    raw_end(env, txn, false);
+}
+
 /* A layout record that is not 4 bytes is reported as such at open, not
  * read as some layout. */
 static void test_malformed_layout_refused(void **state)
@@ -1475,19 +1490,11 @@ static void test_malformed_layout_refused(void **state)
     struct fixture *f = *state;
     struct store *st = NULL;
     struct store_options opt;
-    MDB_env *env = NULL;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    MDB_val k = {6, "layout"};
-    MDB_val v = {3, "\x02\x00\x00"};
     char err[256] = "";
 
     store_close(f->st);
     f->st = NULL;
-    txn = raw_begin(f->path, false, &env);
-    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
-    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
-    raw_end(env, txn, false);
+    meta_put(f->path, "layout", "\x02\x00\x00", 3);
     memset(&opt, 0, sizeof(opt));
     opt.path = f->path;
     opt.clock = &f->store_clock;
@@ -1506,19 +1513,11 @@ static void test_malformed_log_salt_replaced(void **state)
     struct store *st = NULL;
     struct store_options opt;
     struct store_stats stats;
-    MDB_env *env = NULL;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    MDB_val k = {8, "log_salt"};
-    MDB_val v = {5, "abcde"};
     char err[256] = "";
 
     store_close(f->st);
     f->st = NULL;
-    txn = raw_begin(f->path, false, &env);
-    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
-    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
-    raw_end(env, txn, false);
+    meta_put(f->path, "log_salt", "abcde", 5);
     memset(&opt, 0, sizeof(opt));
     opt.path = f->path;
     opt.clock = &f->store_clock;
@@ -1537,12 +1536,19 @@ static void test_malformed_log_salt_replaced(void **state)
     store_close(st);
     st = NULL;
 
-    txn = raw_begin(f->path, true, &env);
-    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
-    assert_int_equal(mdb_get(txn, dbi, &k, &v), 0);
-    assert_int_equal(v.mv_size, STORE_LOG_SALT_BYTES);
-    assert_memory_equal(v.mv_data, stats.log_salt, STORE_LOG_SALT_BYTES);
-    raw_end(env, txn, true);
+    {
+        /* The good one is the store's now. */
+        MDB_env *env = NULL;
+        MDB_txn *txn = raw_begin(f->path, true, &env);
+        MDB_dbi dbi;
+        MDB_val k = {8, "log_salt"};
+        MDB_val v;
+        assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+        assert_int_equal(mdb_get(txn, dbi, &k, &v), 0);
+        assert_int_equal(v.mv_size, STORE_LOG_SALT_BYTES);
+        assert_memory_equal(v.mv_data, stats.log_salt, STORE_LOG_SALT_BYTES);
+        raw_end(env, txn, true);
+    }
 }
 
 /* keep_layout (forget-key's open): a store of an older layout is refused,
