@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "diag.h"
+#include "idem_build.h"
 #include "fault.h"
 #include "policy.h"
 #include "server.h"
@@ -852,7 +853,12 @@ int main(int argc, char **argv)
             return 0;
         }
         if (strcmp(a, "--version") == 0) {
-            printf("idemproxy %s\n", IDEM_VERSION);
+            /* The release, and the commit built (two builds of one release
+             * told apart, as in a rolling upgrade). */
+            if (IDEM_BUILD[0] != '\0')
+                printf("idemproxy %s (%s)\n", IDEM_VERSION, IDEM_BUILD);
+            else
+                printf("idemproxy %s\n", IDEM_VERSION);
             return 0;
         }
         if (strcmp(a, "--config") == 0 && !checking)

@@ -160,6 +160,13 @@ class CliAndConfig(harness.ProxyTestCase):
         v = self.run_bin("--version")
         self.assertEqual(v.returncode, 0, v.stderr)
         self.assertRegex((v.stdout + v.stderr).decode(), r"\d+\.\d+\.\d+")
+        # Built from a git checkout (as every build of this repository is),
+        # it names the commit: two builds of one release told apart.
+        head = subprocess.run(["git", "-C", harness.REPO, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True)
+        if head.returncode == 0:
+            self.assertRegex(v.stdout.decode(), r"^idemproxy \d+\.\d+\.\d+ \(\S*%s\S*\)\n$"
+                             % head.stdout.strip())
 
     def test_upstream_alone_runs_with_defaults(self):
         port = harness.free_port()
