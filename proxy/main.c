@@ -314,6 +314,24 @@ out:
 
 static atomic_bool store_dead;
 
+/* store_options.stall_ms: a wait for the store's writer lock, or a hold of
+ * it, past half the smallest margin a route leaves between its heartbeat
+ * and its lease is taken as a stall (a heartbeat held up by one could not
+ * keep its lease), at least 1 ms. */
+static int64_t stall_threshold_ms(const struct config *cfg)
+{
+    int64_t margin = INT64_MAX;
+
+    for (size_t i = 0; i < cfg->n_routes; i++) {
+        int64_t m = cfg->routes[i].lease_ms - cfg->routes[i].heartbeat_ms;
+        if (m < margin)
+            margin = m;
+    }
+    if (margin == INT64_MAX)
+        margin = 30000 - 15000; /* no route: the defaults */
+    return margin / 2 > 0 ? margin / 2 : 1;
+}
+
 /* store_options.on_dead: LMDB refuses every transaction from here on (a
  * commit's meta page could not be written: MDB_PANIC), reads included, so
  * every request would get 503 until someone restarted the process. Stop
@@ -366,6 +384,7 @@ static int run(const char *config_path, const char *listen, const char *upstream
             .sync = cfg->store.durability == CONFIG_DURABILITY_SYNC,
             .allow_shared_fs = !cfg->store.require_local_fs,
             .clock = NULL,
+            .stall_ms = stall_threshold_ms(cfg),
             .on_dead = on_store_dead,
         };
         struct store_stats stats = {0};

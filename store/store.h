@@ -240,6 +240,15 @@ struct store_options {
      * would stop the older proxies running on it from writing. */
     bool keep_layout;
     const struct store_clock *clock; /* NULL: store_clock_realtime */
+    /* A wait for LMDB's writer lock, or a hold of it, this long or longer
+     * (ms) is a stall of the store's write path: the holders of leases, in
+     * any process, could not commit their heartbeats through it. Every
+     * process on the store then takes a lease that expired as live until a
+     * full lease after the stall ended (see store_apply, STORE_BUSY), so a
+     * disk that stalled for longer than a lease does not hand a live
+     * holder's key to a duplicate. The proxy passes half the smallest
+     * margin between a route's lease and its heartbeat. 0: not watched. */
+    int64_t stall_ms;
     /* Optional: called once, on the thread whose call first returned
      * STORE_EDEAD, so the process can stop and be started again (the only
      * way back). It must not call into the store. */

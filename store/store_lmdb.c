@@ -65,6 +65,9 @@
 #define LAYOUT_KEY "layout"
 #define EPOCH_KEY "lease_epoch"
 #define LOG_SALT_KEY "log_salt"
+/* The end of the latest stall of the write path any process saw, on the
+ * lease clock (8 bytes, little endian; see stall_seen). */
+#define STALL_KEY "stall_end"
 /* Reader slots are shared by every process on the path; each pooled read
  * transaction holds one. */
 #define LMDB_MAX_READERS 1024
@@ -178,6 +181,16 @@ struct lmdb_store {
     const char *shared_fs;    /* allowed by store_options.allow_shared_fs */
     uint64_t readers_cleared; /* dead readers' slots cleared at open */
     enum store_lease_clock lease_clock; /* as found at open (store_stats) */
+
+    /* Stalls of the write path (store_options.stall_ms; 0: not watched).
+     * stall_end is the end of the latest one this handle saw itself or read
+     * from meta, on the lease clock; stall_unstamped one it saw and has not
+     * yet written to meta for the other processes (0: none). Atomic: a
+     * commit's end is noted after LMDB's writer lock is released. */
+    int64_t stall_ms;
+    _Atomic int64_t stall_end;
+    _Atomic int64_t stall_unstamped;
+    int64_t txn_began; /* the writer lock's taking, in the write txn under way */
 
     /* Random bytes for lease ids (new_lease_id). Only touched inside a
      * write transaction, and LMDB admits one at a time per environment,
@@ -431,13 +444,49 @@ static void follow_sync(struct lmdb_store *s)
 
 /* Begins a write transaction on a store whose layout is still this code's:
  * another process may have raised it since this one opened the store. */
+static int64_t lease_now_ms(const struct lmdb_store *s);
+
+static void atomic_max(_Atomic int64_t *a, int64_t v)
+{
+    int64_t cur = atomic_load(a);
+    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v)) {
+    }
+}
+
+/*
+ * Stalls of the write path. A lease is counted from the start of the
+ * transaction that stores it, and a holder keeps it by committing a
+ * heartbeat: when the disk stalls a commit (a cloud volume's flush taking
+ * seconds) every process's heartbeats queue behind it, and a lease can be
+ * over by the time the write path moves again while its holder is alive and
+ * its action running. A process never steals its own live requests' leases
+ * (store_op.has_live_lease); for the others', every process notes a stall
+ * it sees, a wait for the writer lock or a hold of it of stall_ms or more,
+ * and writes its end to meta, so that no process on the store takes an
+ * expired lease for a full lease after it (stall_credit): time for the
+ * holder's heartbeat to get through, or for a dead holder's key to be
+ * freed a lease later.
+ */
+static void stall_seen(struct lmdb_store *s, int64_t end)
+{
+    atomic_max(&s->stall_end, end);
+    atomic_max(&s->stall_unstamped, end);
+}
+
 static int write_begin(struct lmdb_store *s, MDB_txn **out)
 {
     MDB_txn *txn = NULL;
     uint32_t layout = 0;
+    int64_t asked = s->stall_ms > 0 ? lease_now_ms(s) : 0;
     int rc = map_err(LMDB_CALL(mdb_txn_begin(s->env, NULL, 0, &txn)));
 
     if (rc == STORE_OK) {
+        if (s->stall_ms > 0) {
+            s->txn_began = lease_now_ms(s);
+            if (s->txn_began - asked >= s->stall_ms) {
+                stall_seen(s, s->txn_began);
+            }
+        }
         follow_sync(s);
         rc = layout_read(s, txn, &layout);
         if (rc == STORE_OK && layout != STORE_LAYOUT) {
@@ -450,6 +499,78 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
     }
     *out = txn;
     return rc;
+}
+
+/* LMDB_COMMIT of a transaction write_begin() began, noting a hold of the
+ * writer lock long enough to be a stall (a flush that took seconds). */
+static int write_commit(struct lmdb_store *s, MDB_txn *txn)
+{
+    int64_t began = s->txn_began;
+    int rc = LMDB_COMMIT(txn);
+
+    if (s->stall_ms > 0) {
+        int64_t end = lease_now_ms(s);
+        if (end - began >= s->stall_ms) {
+            stall_seen(s, end);
+        }
+    }
+    return rc;
+}
+
+static int stall_read(MDB_txn *txn, MDB_dbi meta, int64_t *end)
+{
+    MDB_val kv = {sizeof(STALL_KEY) - 1, (void *)STALL_KEY};
+    MDB_val v;
+    int rc = LMDB_CALL(mdb_get(txn, meta, &kv, &v));
+    uint64_t u = 0;
+
+    *end = 0;
+    if (rc == MDB_NOTFOUND) {
+        return STORE_OK;
+    }
+    if (rc != 0) {
+        return map_err(rc);
+    }
+    if (v.mv_size == 8) { /* another size: not ours, taken as none */
+        for (int i = 7; i >= 0; i--) {
+            u = (u << 8) | ((const uint8_t *)v.mv_data)[i];
+        }
+        *end = u <= INT64_MAX ? (int64_t)u : 0;
+    }
+    return STORE_OK;
+}
+
+/* Writes a stall this handle saw to meta, in a child transaction so that a
+ * failure (a full map) leaves the batch as it was: the stamp is then tried
+ * again with the next batch. Returns the end written, 0 if none. */
+static int64_t stall_stamp(struct lmdb_store *s, MDB_txn *txn)
+{
+    int64_t pending = atomic_load(&s->stall_unstamped);
+    MDB_txn *child = NULL;
+    int64_t have = 0;
+    uint8_t b[8];
+    MDB_val kv = {sizeof(STALL_KEY) - 1, (void *)STALL_KEY};
+    MDB_val v = {sizeof(b), b};
+
+    if (pending <= 0 || mdb_txn_begin(s->env, txn, 0, &child) != 0) {
+        return 0;
+    }
+    if (stall_read(child, s->meta, &have) != STORE_OK) {
+        mdb_txn_abort(child);
+        return 0;
+    }
+    if (have >= pending) {
+        mdb_txn_abort(child); /* another process wrote a later one */
+        return pending;
+    }
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)((uint64_t)pending >> (8 * i));
+    }
+    if (mdb_put(child, s->meta, &kv, &v, 0) != 0) {
+        mdb_txn_abort(child);
+        return 0;
+    }
+    return mdb_txn_commit(child) == 0 ? pending : 0; /* frees child either way */
 }
 
 static int64_t now_ms(const struct lmdb_store *s)
@@ -986,6 +1107,31 @@ static void answer_learn(struct lmdb_store *s, uint64_t pages)
     s->answer_avg_pages_x16 = s->answer_avg_pages_x16 - s->answer_avg_pages_x16 / 8 + pages * 2;
 }
 
+/* Until when an IN_PROGRESS record whose lease expired at lease_expires
+ * is still taken as live: a full lease (the taker's, lease_ms) after the
+ * latest stall of the write path this handle or, through meta, any other
+ * process on the store saw (stall_seen). An end on meta later than now is
+ * of another boot of the lease clock, and ignored. */
+static int stall_credit(struct lmdb_store *s, MDB_txn *txn, int64_t lease_expires, int64_t lease_ms,
+                        int64_t *until)
+{
+    int64_t end = 0;
+    int rc = stall_read(txn, s->meta, &end);
+
+    *until = lease_expires;
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    if (end > 0 && end <= s->lease_now) {
+        atomic_max(&s->stall_end, end);
+    }
+    end = atomic_load(&s->stall_end);
+    if (end > 0 && add_ms(end, lease_ms) > *until) {
+        *until = add_ms(end, lease_ms);
+    }
+    return STORE_OK;
+}
+
 static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
                       const struct store_op *op, struct op_result *res)
 {
@@ -1007,16 +1153,25 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         }
         goto out;
     }
-    if (found && cur.state == STORE_STATE_IN_PROGRESS &&
-        (cur.lease_expires_ms > s->lease_now ||
-         (op->has_live_lease &&
-          memcmp(cur.lease_id, op->live_lease_id, STORE_LEASE_ID_BYTES) == 0))) {
-        res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
-        if (same_fp) {
-            res->lease_expires_ms = cur.lease_expires_ms;
-            res->held = store_lease_is_held(cur.lease_id);
+    if (found && cur.state == STORE_STATE_IN_PROGRESS) {
+        bool own = op->has_live_lease &&
+                   memcmp(cur.lease_id, op->live_lease_id, STORE_LEASE_ID_BYTES) == 0;
+        int64_t live_until = cur.lease_expires_ms;
+
+        if (!own && live_until <= s->lease_now) {
+            rc = stall_credit(s, txn, cur.lease_expires_ms, op->lease_ms, &live_until);
+            if (rc != STORE_OK) {
+                goto out;
+            }
         }
-        goto out;
+        if (own || live_until > s->lease_now) {
+            res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
+            if (same_fp) {
+                res->lease_expires_ms = live_until;
+                res->held = store_lease_is_held(cur.lease_id);
+            }
+            goto out;
+        }
     }
     /* Absent, COMPLETE past its TTL (absent even before a purge, seed 000),
      * or IN_PROGRESS with an expired lease: a steal. */
@@ -1223,6 +1378,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     int64_t now;
     struct space sp;
     bool purging = false;
+    int64_t stamped = 0;
     int rc = write_begin(s, &txn);
 
     memset(&sp, 0, sizeof(sp));
@@ -1262,9 +1418,13 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     if (n == 0 && !purging) {
         goto out; /* nothing to commit: abort, no disk write */
     }
-    rc = map_err(LMDB_COMMIT(txn)); /* frees txn, even when it fails */
+    stamped = stall_stamp(s, txn);
+    rc = map_err(write_commit(s, txn)); /* frees txn, even when it fails */
     txn = NULL;
     if (rc == STORE_OK) {
+        if (stamped > 0) {
+            atomic_compare_exchange_strong(&s->stall_unstamped, &stamped, 0);
+        }
         atomic_fetch_add(&s->commits, 1);
         atomic_fetch_add(&s->ops_committed, (uint64_t)n);
     } else if (rc == STORE_EFULL && purging) {
@@ -1312,7 +1472,7 @@ static int settle_after_purge(struct lmdb_store *s)
             rc = LMDB_WRITE(mdb_del(txn, s->records, &kv, NULL));
         }
         if (rc == 0) {
-            rc = LMDB_COMMIT(txn);
+            rc = write_commit(s, txn);
         } else {
             mdb_txn_abort(txn);
         }
@@ -1872,7 +2032,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     if (rc != STORE_OK || !changed) {
         goto out; /* nothing to commit: abort, no disk write */
     }
-    rc = map_err(LMDB_COMMIT(txn));
+    rc = map_err(write_commit(s, txn));
     txn = NULL;
     if (rc == STORE_OK) {
         atomic_fetch_add(&s->commits, 1);
@@ -2450,7 +2610,14 @@ static int leases_settle(struct lmdb_store *s, MDB_txn *txn, uint32_t layout)
     if (rc == STORE_OK && !current && epoch != NULL) {
         MDB_val kv = {sizeof(EPOCH_KEY) - 1, (void *)EPOCH_KEY};
         MDB_val dv = {strlen(epoch), (void *)epoch};
+        MDB_val sk = {sizeof(STALL_KEY) - 1, (void *)STALL_KEY};
+        int drc;
         rc = map_err(mdb_put(txn, s->meta, &kv, &dv, 0));
+        /* A stall's end is on the lease clock of the epoch that saw it. */
+        drc = rc == STORE_OK ? mdb_del(txn, s->meta, &sk, NULL) : 0;
+        if (drc != 0 && drc != MDB_NOTFOUND) {
+            rc = map_err(drc);
+        }
     }
     return rc;
 }
@@ -2772,6 +2939,7 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
 
     s->read_only = opt->read_only;
     s->keep_layout = opt->keep_layout && !opt->read_only;
+    s->stall_ms = opt->stall_ms > 0 ? opt->stall_ms : 0;
     /* A read-only look (check-store) is allowed anywhere: it takes no lock
      * a writer needs, and it may be how someone finds out what is there. */
     if (!s->read_only) {

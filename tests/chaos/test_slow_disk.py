@@ -15,13 +15,22 @@ stall, stole the key from a holder of the same process that was alive and
 waiting for its heartbeat to commit: the upstream ran the action twice.
 A process now never steals a lease one of its own requests holds (writer.c).
 
-Two cases, each with a stall of 2.5 s against a 1 s lease (heartbeat 100 ms,
-the minimum settings):
+The same held across processes on one store until 2026-12-07: the duplicate
+sent to a second proxy waited for LMDB's writer lock behind the stalled
+commit, then stole the key (6 of 6 trials). Every process now takes a wait
+for the writer lock, or a hold of it, longer than half a route's margin
+between heartbeat and lease for a stall of the write path, notes its end in
+the store, and no process steals an expired lease until a full lease after
+it (store_lmdb.c, stall_credit).
+
+Four cases, each with a stall of 2.5 s against a 1 s lease (heartbeat
+100 ms, the minimum settings), the duplicate sent to the holder's proxy or to
+a second proxy on the same store (both under the same stalled disk):
   holder_heartbeat  the holder's action is running; its heartbeat is the
                     stalled commit;
   holder_acquire    the holder's acquire is the stalled commit.
-Both: the duplicate must get the holder's answer (a replay), and the upstream
-must see the key once.
+Each: the duplicate must get the holder's answer (a replay), and the
+upstream must see the key once.
 """
 
 import os
@@ -50,7 +59,7 @@ def slowdisk_lib():
 
 
 class SlowDisk(harness.ProxyTestCase):
-    def start_slow_proxy(self):
+    def start_slow_proxy(self, name="slow", routes=None):
         self.stall_file = os.path.join(self.workdir, "stall")
         self.stats_file = os.path.join(self.workdir, "slowdisk.stats")
         env = dict(os.environ)
@@ -59,9 +68,10 @@ class SlowDisk(harness.ProxyTestCase):
                                                       "verify_asan_link_order=0"]))
         env["SLOWDISK_STALL_FILE"] = self.stall_file
         env["SLOWDISK_STATS"] = self.stats_file
-        config = self.config(routes=[self.route(lease=LEASE, heartbeat=HEARTBEAT, wait="10s")],
+        config = self.config(routes=routes or [self.route(lease=LEASE, heartbeat=HEARTBEAT,
+                                                          wait="10s")],
                              timeout="20s")
-        p = harness.Proxy(self.workdir, config, "slow", env=env)
+        p = harness.Proxy(self.workdir, config, name, env=env)
         self.proxies.append(p)
         return p.start()
 
@@ -88,8 +98,9 @@ class SlowDisk(harness.ProxyTestCase):
         self.assertGreaterEqual(int(self.stats()["stalled"]), 1, "no flush was stalled")
         return runs
 
-    def test_holder_heartbeat_stalled(self):
+    def holder_heartbeat_stalled(self, other_process):
         proxy = self.start_slow_proxy()
+        dup_proxy = self.start_slow_proxy("slow2") if other_process else proxy
         key = "slow-hb"
         first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
                           timeout=30)
@@ -98,27 +109,81 @@ class SlowDisk(harness.ProxyTestCase):
         self.stall()
         started = time.monotonic()
         time.sleep(1.5)  # past the lease: the last committed extend is over
-        dup = in_thread(self.post, proxy, key, timeout=30)
+        dup = in_thread(self.post, dup_proxy, key, timeout=30)
         time.sleep(STALL_S - (time.monotonic() - started))
         self.unstall()
         runs = self.check(key, first, dup)
-        chaoslib.figure(TEST + "_heartbeat", stall_s=STALL_S, lease=LEASE,
-                        heartbeat=HEARTBEAT, executions=runs)
+        chaoslib.figure(TEST + "_heartbeat" + ("_2proc" if other_process else ""),
+                        stall_s=STALL_S, lease=LEASE, heartbeat=HEARTBEAT, executions=runs)
 
-    def test_holder_acquire_stalled(self):
+    def holder_acquire_stalled(self, other_process):
         proxy = self.start_slow_proxy()
+        dup_proxy = self.start_slow_proxy("slow2") if other_process else proxy
         key = "slow-acq"
         self.stall()
         started = time.monotonic()
         first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "1500")],
                           timeout=30)
         time.sleep(0.3)  # the first's acquire is the stalled commit
-        dup = in_thread(self.post, proxy, key, timeout=30)
+        dup = in_thread(self.post, dup_proxy, key, timeout=30)
         time.sleep(STALL_S - (time.monotonic() - started))
         self.unstall()
         runs = self.check(key, first, dup)
-        chaoslib.figure(TEST + "_acquire", stall_s=STALL_S, lease=LEASE,
-                        heartbeat=HEARTBEAT, executions=runs)
+        chaoslib.figure(TEST + "_acquire" + ("_2proc" if other_process else ""),
+                        stall_s=STALL_S, lease=LEASE, heartbeat=HEARTBEAT, executions=runs)
+
+    def test_stall_seen_in_one_process_holds_steals_off_in_another(self):
+        """The end of a stall goes through the store: a process that saw no
+        stall itself (its duplicate came after it) still takes an expired
+        lease as live until a lease after the stall ended. The holder is
+        killed, so the key is stolen in the end, only not at once."""
+        lease_s = 3.0
+        stall_s = 4.0
+        routes = [self.route(lease="%gs" % lease_s, heartbeat=HEARTBEAT, wait="10s")]
+        holder = self.start_slow_proxy("holder", routes=routes)
+        witness = self.start_slow_proxy("witness", routes=routes)
+        taker = self.start_slow_proxy("taker", routes=routes)
+        key = "slow-dead"
+        first = in_thread(self.post, holder, key, headers=[("X-Test-Delay-Ms", "8000")],
+                          timeout=30)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
+        holder.kill9()  # its lease ends lease_s after its last heartbeat
+        with self.assertRaises(Exception):  # the connection dies with it
+            first.result(30)
+        self.stall()
+        # The witness's acquire is the stalled commit; its completion, once
+        # the disk is back, writes the stall's end to the store.
+        other = in_thread(self.post, witness, "slow-other", timeout=30)
+        time.sleep(stall_s)
+        self.unstall()
+        unstalled = time.monotonic()
+        self.assertExecuted(other.result(30))
+        sent = time.monotonic()
+        self.assertLess(sent - unstalled, lease_s / 2, "the witness answered too late to tell")
+        dup = self.post(taker, key, timeout=30)
+        answered = time.monotonic()
+        self.assertExecuted(dup)
+        self.assertEqual(self.upstream.count(key), 2)
+        self.note("duplicate sent %.3f s after the stall, answered %.3f s after it",
+                  sent - unstalled, answered - unstalled)
+        self.assertGreaterEqual(answered - unstalled, lease_s - 0.1,
+                                "the key was stolen %.3f s after a stall the taker did not see; "
+                                "no steal may come before a lease (%g s) after it" %
+                                (answered - unstalled, lease_s))
+        chaoslib.figure(TEST + "_stall_shared", stall_s=stall_s, lease=lease_s,
+                        steal_after_s=round(answered - unstalled, 3))
+
+    def test_holder_heartbeat_stalled(self):
+        self.holder_heartbeat_stalled(other_process=False)
+
+    def test_holder_acquire_stalled(self):
+        self.holder_acquire_stalled(other_process=False)
+
+    def test_holder_heartbeat_stalled_duplicate_in_other_process(self):
+        self.holder_heartbeat_stalled(other_process=True)
+
+    def test_holder_acquire_stalled_duplicate_in_other_process(self):
+        self.holder_acquire_stalled(other_process=True)
 
 
 if __name__ == "__main__":

@@ -1503,6 +1503,65 @@ static void test_malformed_layout_refused(void **state)
     assert_non_null(strstr(err, "layout record is malformed"));
 }
 
+/* Writes the end of a stall of the write path into meta, as another
+ * process that saw one would (store_lmdb.c, stall_stamp), and reopens. */
+static void stall_end_put(struct fixture *f, int64_t end)
+{
+    uint8_t b[8];
+
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)end >> (8 * i));
+    store_close(f->st);
+    f->st = NULL;
+    meta_put(f->path, "stall_end", b, sizeof(b));
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+}
+
+/* After a stall of the store's write path, which held every holder's
+ * heartbeat up, an expired lease of another process's request counts as
+ * live until one lease (the taker's) after the stall ended: a duplicate
+ * gets STORE_BUSY with that time, and the key is taken only then. */
+static void test_stall_holds_steal_off_for_a_lease(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    int64_t end;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 5000); /* the lease ran out 4 s ago */
+    end = atomic_load(&f->clock.now) - 200;
+    stall_end_put(f, end);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+    assert_int_equal(b.lease_expires_ms, end + 1000);
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_MISMATCH);
+    advance(f, 799);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+    advance(f, 1);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+    assert_int_equal(release(f->st, "k", a.lease_id), STORE_FENCED);
+}
+
+/* A stall's end later than now is of another boot of the lease clock (or
+ * garbage): ignored, and a stall long past gives no credit. */
+static void test_stall_end_in_future_or_past_ignored(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "j", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 5000);
+    stall_end_put(f, atomic_load(&f->clock.now) + 600000);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+    stall_end_put(f, atomic_load(&f->clock.now) - 1000);
+    assert_int_equal(acquire(f->st, "j", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    assert_true(b.stolen);
+}
+
 /* The log salt only keys the access log's hash: one of the wrong size (a
  * stray write, another version) must not make the whole store unopenable,
  * least of all as "the layout record is malformed". A read-only open goes
@@ -3685,6 +3744,8 @@ int main(void)
         STORE_TEST(test_in_progress_from_before_the_split),
         STORE_TEST(test_newer_layout_refused),
         STORE_TEST(test_malformed_log_salt_replaced),
+        STORE_TEST(test_stall_holds_steal_off_for_a_lease),
+        STORE_TEST(test_stall_end_in_future_or_past_ignored),
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
