@@ -10,7 +10,8 @@
  *   idemproxy --help | --version
  *
  * SIGTERM/SIGINT stop accepting and drain in-flight requests (their records
- * completed or released) up to server.drain_timeout, then exit 0.
+ * completed or released) up to server.drain_timeout, then exit 0; 75 when a
+ * commit is still waiting for a stalled disk two seconds past it (run()).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -462,7 +463,28 @@ static int run(const char *config_path, const char *listen, const char *upstream
               : atomic_load(&store_dead)    ? "store dead"
                                             : "SIGTERM");
     proxy_server_stop(srv);
-    proxy_server_join(srv);
+    if (proxy_server_join(srv) == PROXY_STORE_STUCK) {
+        /* The writer is still inside a commit (or a sync), waiting for the
+         * disk, two seconds past server.drain_timeout; the clients waiting
+         * for it have had their 503 (server.c, give_up_store_waits).
+         * Waiting longer would make the stop as long as the stall, and the
+         * store cannot be closed under a live transaction (mdb_env_close),
+         * so the process ends here as a crash would end it: LMDB keeps the
+         * last committed state (the stuck commit never wrote its meta
+         * page, or did and is whole), and a record the exit leaves
+         * IN_PROGRESS is freed when its lease ends. Not exit 0: that says
+         * every request in flight was settled, and this stop left a commit
+         * unfinished; EXIT_STORE_DEAD, as for a store that takes no more
+         * transactions. A thread stuck in the kernel itself (a device that
+         * never answers) still holds the process until the I/O returns,
+         * as it would hold a kill -9. */
+        idem_diag("idemproxy: store: a commit did not finish within server.drain_timeout "
+                  "and two seconds (the disk is stalled); exiting without it, exit status %d: "
+                  "the records it held keep their last committed state, and any left in "
+                  "progress are freed when their leases end",
+                  EXIT_STORE_DEAD);
+        _exit(EXIT_STORE_DEAD);
+    }
     idem_diag("idemproxy: stopped");
     rc = atomic_load(&store_dead) ? EXIT_STORE_DEAD : 0;
 out:

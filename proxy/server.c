@@ -79,7 +79,11 @@
 #define LINGER_MAX_BYTES (64u << 20)
 #define LINGER_MAX_SOCKS 64
 /* After the drain deadline: how long the answers just forced (503, 504)
- * get to be written before every remaining connection is closed. */
+ * get to be written before every remaining connection is closed. A worker
+ * with store writes still out at the end of it (the store's disk stalls)
+ * answers the requests waiting for them (give_up_store_waits) and gives
+ * those answers one more grace; the writer gets until then too
+ * (proxy_server_join). */
 #define DRAIN_GRACE_MS 1000
 
 /* What an epoll event is about: data.u64 = kind | fd << 8. */
@@ -229,6 +233,7 @@ struct request {
     bool resp_bad_framing; /* the upstream's response framing was ambiguous */
     bool oom;              /* an allocation failed on the way */
     bool drain_cut;        /* ended by the drain deadline, not by the upstream */
+    bool store_abandoned;  /* answered at the stop with its store write still out */
     const char *problem;   /* the problem type of an answer the proxy made (static) */
     unsigned full_retries; /* acquires asked again after STORE_FULL */
     int64_t upstream_start_ms;
@@ -277,6 +282,7 @@ struct worker {
     bool draining;
     int64_t drain_deadline_ms;
     bool drain_forced;  /* the deadline passed: in-flight requests were settled */
+    bool store_given_up; /* a grace later: those waiting for the store were answered */
     size_t n_jobs;      /* writer jobs submitted and not yet delivered back */
     struct linger_sock *lingering;
     size_t n_lingering;
@@ -304,6 +310,7 @@ struct proxy_server {
     struct worker *workers;
     unsigned n_workers;
     atomic_int stopping;
+    int64_t stop_ms; /* when proxy_server_stop() was called (idem_mono_ms) */
     atomic_int n_waiting;
     atomic_uint n_conns; /* client connections of all workers, see on_connection() */
     /* server.max_buffered: bytes of request bodies, answers and replays the
@@ -1951,7 +1958,10 @@ static void on_job(struct request *r, struct writer_job *j)
         memcpy(r->lease_id, j->op.lease_id, STORE_LEASE_ID_BYTES);
         r->live_lease = true;
     }
-    if (r->mhd_done) {
+    /* Its client was answered at the stop (give_up_store_waits): the write
+     * landed after all, which changes nothing for that answer. An acquire
+     * that did is left to its lease, as an exit would leave it. */
+    if (r->mhd_done || r->store_abandoned) {
         maybe_free(r);
         return;
     }
@@ -3172,6 +3182,57 @@ static void force_drain(struct worker *w)
 }
 
 /*
+ * A grace after the drain deadline, store writes are still out: the store's
+ * disk is stalled (a commit can wait on it for as long as the device takes),
+ * and waiting for it would make the exit wait for the disk, while the README
+ * promises the process is gone about a second past server.drain_timeout.
+ * Every request still waiting for its write is answered 503 shutting-down
+ * now. Never the answer the write was to settle: under durability "sync" a
+ * client gets an answer only once the store holds it (README, Failure
+ * policy), and a result the store may not hold cannot be replayed to a
+ * retry, so the client is told that the action ran and its result may not
+ * be stored. Whatever the write does later, the record stays what the model
+ * allows for a process gone mid-request: IN_PROGRESS until its lease ends,
+ * or what the write made it. The request stays allocated until the writer
+ * hands its job back (its job and the payload it stores live in it).
+ */
+static void give_up_store_waits(struct worker *w)
+{
+    struct request *r = w->active;
+    size_t n = 0;
+
+    while (r != NULL) {
+        struct request *next = r->next;
+        if (r->job_pending && (r->state == RS_ACQUIRING || r->state == RS_FINISHING)) {
+            const char *detail;
+            const char *outcome = "unavailable";
+            if (r->state == RS_ACQUIRING) {
+                detail = "the proxy stopped before the record store took this key "
+                         "(server.drain_timeout); nothing was forwarded; retry";
+            } else if (r->job.op.kind == STORE_OP_COMPLETE) {
+                detail = "the action ran, but the proxy stopped before the record store "
+                         "had stored its result (server.drain_timeout): a retry gets the "
+                         "result if the store took it after all, or, once the key's lease "
+                         "ends, runs the action again";
+                outcome = "unstored";
+            } else {
+                detail = "the proxy stopped before the record store settled this key "
+                         "(server.drain_timeout); it is released when its lease ends; retry";
+            }
+            r->store_abandoned = true;
+            r->problem = "shutting-down";
+            respond(r, make_shutting_down(detail), 503, outcome);
+            n++;
+        }
+        r = next;
+    }
+    if (n > 0)
+        idem_diag("idemproxy: stop: the store did not finish %zu request%s' write%s within "
+                  "server.drain_timeout and a second (the disk is stalled?): answered 503",
+                  n, n == 1 ? "" : "s", n == 1 ? "" : "s");
+}
+
+/*
  * Shuts down the connections whose client has closed but that libmicrohttpd
  * will not read again (see struct conn_slot): those reading a request head
  * or body, or idle between requests, whose socket has the FIN and nothing
@@ -3238,6 +3299,16 @@ static void *worker_main(void *arg)
              * requests hold no record; nothing of theirs ran. */
             if (w->drain_forced && now >= w->drain_deadline_ms + DRAIN_GRACE_MS &&
                 w->n_jobs == 0)
+                break;
+            /* Records not settled yet: their writes wait for the disk.
+             * Answer their clients, and stop a grace later whatever the
+             * store does; proxy_server_join() decides how to end. */
+            if (w->drain_forced && now >= w->drain_deadline_ms + DRAIN_GRACE_MS &&
+                !w->store_given_up) {
+                give_up_store_waits(w);
+                w->store_given_up = true;
+            }
+            if (w->store_given_up && now >= w->drain_deadline_ms + 2 * DRAIN_GRACE_MS)
                 break;
         }
 
@@ -3877,6 +3948,7 @@ static void ip_table_free(struct proxy_server *srv)
 
 void proxy_server_stop(struct proxy_server *srv)
 {
+    srv->stop_ms = idem_mono_ms();
     atomic_store(&srv->stopping, 1);
     for (unsigned i = 0; i < srv->n_workers; i++) {
         uint64_t one = 1;
@@ -3885,16 +3957,50 @@ void proxy_server_stop(struct proxy_server *srv)
     }
 }
 
+/* The requests a worker answered at the stop with their store write still
+ * out (give_up_store_waits) whose jobs the writer handed back after the
+ * worker stopped: freed now that the writer has stopped too. */
+static void free_abandoned(struct worker *w)
+{
+    while (w->inbox_jobs != NULL) {
+        struct writer_job *j = w->inbox_jobs;
+        struct request *r = j->owner;
+        w->inbox_jobs = j->next;
+        w->n_jobs--;
+        if (j == &r->hb_job)
+            r->hb_pending = false;
+        else
+            r->job_pending = false;
+        maybe_free(r);
+    }
+}
+
 int proxy_server_join(struct proxy_server *srv)
 {
     for (unsigned i = 0; i < srv->n_workers; i++)
         pthread_join(srv->workers[i].thread, NULL);
-    for (unsigned i = 0; i < srv->n_workers; i++)
+    for (unsigned i = 0; i < srv->n_workers; i++) {
         worker_stop_daemon(&srv->workers[i]);
-    /* Every record is settled; the writer flushes what is queued. */
-    writer_stop(srv->writer);
-    for (unsigned i = 0; i < srv->n_workers; i++)
+        /* The access-log lines of the connections the stop closed. */
+        log_flush(&srv->workers[i]);
+    }
+    /* Every record is settled, or its client was answered without it; the
+     * writer applies what is queued. Not past the end of the grace the
+     * workers gave the store: a commit still waiting for the disk then
+     * would hold up the exit for as long as the disk takes, which is
+     * unbounded (a cloud volume's stall, a dead device). */
+    if (writer_stop_by(srv->writer, srv->stop_ms + srv->cfg->server.drain_timeout_ms +
+                                        2 * DRAIN_GRACE_MS) != 0) {
+        /* The writer may still deliver into the workers, which must stay
+         * as they are: leave everything allocated for the exit. */
+        close(srv->listen_lock_fd);
+        proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
+        return PROXY_STORE_STUCK;
+    }
+    for (unsigned i = 0; i < srv->n_workers; i++) {
+        free_abandoned(&srv->workers[i]);
         worker_fini(&srv->workers[i]);
+    }
     /* The listeners are closed: another store may take the port now. */
     close(srv->listen_lock_fd);
     /* Bounded: a stdout nobody reads does not hold up the exit. */

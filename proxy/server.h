@@ -12,7 +12,8 @@
  *
  * Threads: proxy_server_start() spawns the workers; proxy_server_stop() may
  * be called from any thread (e.g. on SIGTERM) and starts the drain;
- * proxy_server_join() waits for the workers and frees everything.
+ * proxy_server_join() waits for the workers and frees everything (bounded:
+ * see PROXY_STORE_STUCK).
  */
 #ifndef IDEM_SERVER_H
 #define IDEM_SERVER_H
@@ -31,7 +32,12 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
  * records) up to server.drain_timeout. Async-signal-unsafe: call it from a
  * normal thread. */
 void proxy_server_stop(struct proxy_server *srv);
-/* Waits for the drain to end and frees the server. Returns 0. */
+/* Waits for the drain to end and frees the server. Returns 0, or
+ * PROXY_STORE_STUCK when the store writer was still inside a commit two
+ * seconds past the drain's bound (a stalled disk): then the server is not
+ * freed and the store must not be closed; the caller ends the process with
+ * _exit() (see writer_stop_by()). */
+#define PROXY_STORE_STUCK 1
 int proxy_server_join(struct proxy_server *srv);
 
 #endif

@@ -66,6 +66,8 @@ struct writer {
     struct writer_job *tail;
     bool stopping;
     bool purge_now;
+    bool stopped;                /* writer_main has returned (under lock) */
+    pthread_cond_t stopped_cond; /* signalled when it is set */
 
     /* writer-thread only */
     struct writer_job **jobs;
@@ -465,6 +467,10 @@ static void *writer_main(void *arg)
         if (rc != 0)
             log_failure(w, "syncing the store to disk", rc, false);
     }
+    pthread_mutex_lock(&w->lock);
+    w->stopped = true;
+    pthread_cond_broadcast(&w->stopped_cond);
+    pthread_mutex_unlock(&w->lock);
     return NULL;
 }
 
@@ -491,8 +497,10 @@ int writer_start(const struct writer_options *opt, struct writer **out)
     pthread_mutex_init(&w->stats_lock, NULL);
     pthread_mutex_init(&w->live_lock, NULL);
     idem_cond_init_monotonic(&w->cond);
+    idem_cond_init_monotonic(&w->stopped_cond);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         pthread_cond_destroy(&w->cond);
+        pthread_cond_destroy(&w->stopped_cond);
         pthread_mutex_destroy(&w->lock);
         pthread_mutex_destroy(&w->stats_lock);
         pthread_mutex_destroy(&w->live_lock);
@@ -527,14 +535,39 @@ void writer_submit(struct writer *w, struct writer_job *job)
 
 void writer_stop(struct writer *w)
 {
+    (void)writer_stop_by(w, INT64_MAX);
+}
+
+int writer_stop_by(struct writer *w, int64_t deadline_ms)
+{
+    bool stopped;
+
     if (w == NULL)
-        return;
+        return 0;
     pthread_mutex_lock(&w->lock);
     w->stopping = true;
     pthread_cond_signal(&w->cond);
+    while (!w->stopped) {
+        int64_t now = idem_mono_ms();
+        struct timespec ts;
+        if (deadline_ms == INT64_MAX) {
+            pthread_cond_wait(&w->stopped_cond, &w->lock);
+            continue;
+        }
+        if (now >= deadline_ms)
+            break;
+        ts = idem_deadline_in_ms(deadline_ms - now);
+        pthread_cond_timedwait(&w->stopped_cond, &w->lock, &ts);
+    }
+    stopped = w->stopped;
     pthread_mutex_unlock(&w->lock);
+    /* Still in a store call (a commit waiting for the disk): the thread,
+     * the queue and every job in it stay as they are; see writer.h. */
+    if (!stopped)
+        return -1;
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->cond);
+    pthread_cond_destroy(&w->stopped_cond);
     pthread_mutex_destroy(&w->lock);
     pthread_mutex_destroy(&w->stats_lock);
     pthread_mutex_destroy(&w->live_lock);
@@ -549,6 +582,7 @@ void writer_stop(struct writer *w)
     free(w->ops);
     free(w->errors);
     free(w);
+    return 0;
 }
 
 void writer_get_stats(struct writer *w, struct writer_stats *out)

@@ -54,6 +54,17 @@ void writer_submit(struct writer *w, struct writer_job *job);
  * writer_stop(NULL) is a no-op. */
 void writer_stop(struct writer *w);
 
+/* writer_stop(), bounded: waits until deadline_ms (idem_mono_ms()) at most.
+ * Returns 0 when the thread stopped (the writer is freed), or -1 when it is
+ * still inside a store call at the deadline (a commit stuck in a stalled
+ * disk): then nothing is freed, the thread keeps running and may still call
+ * deliver, and the store must not be closed (LMDB forbids mdb_env_close
+ * while a transaction is live). The caller then waits again (writer_stop()
+ * or writer_stop_by() once more) or ends the process (_exit) without
+ * closing the store, which LMDB takes as a crash mid-commit and survives.
+ * writer_stop_by(NULL, ...) returns 0. */
+int writer_stop_by(struct writer *w, int64_t deadline_ms);
+
 struct writer_stats {
     uint64_t batches;
     uint64_t ops;

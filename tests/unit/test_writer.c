@@ -4,7 +4,8 @@
  * chunks, without waiting a purge_interval per chunk, both on an idle writer
  * and between (and inside) request batches; live records stay; the writer's
  * `purged` count is exact; every job is delivered. A record that does not
- * decode fails only the op that touched it, not the batch it came in.
+ * decode fails only the op that touched it, not the batch it came in. A
+ * bounded stop returns at its deadline from a writer held in a batch.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -413,6 +414,50 @@ static void test_damaged_record_fails_only_its_own_op(void **state)
     }
 }
 
+/* writer_stop_by() with the writer held inside a batch (as by a commit
+ * waiting for a stalled disk): it returns -1 at its deadline, not when the
+ * batch ends, and leaves the writer running; once the batch ends, a later
+ * stop still applies what is queued and frees it. */
+static void test_stop_by_gives_up_on_a_held_writer(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_job gate;
+    struct writer_job late;
+    struct writer *w = start(f);
+    int64_t t0;
+    int64_t took;
+
+    pthread_mutex_lock(&f->lock);
+    f->gate_armed = true;
+    f->gate_closed = true;
+    pthread_mutex_unlock(&f->lock);
+    memset(&gate, 0, sizeof(gate));
+    prep_acquire(&gate.op, "gate", 86400000);
+    writer_submit(w, &gate);
+    pthread_mutex_lock(&f->lock);
+    while (!f->in_gate) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    memset(&late, 0, sizeof(late));
+    prep_acquire(&late.op, "late", 86400000);
+    writer_submit(w, &late);
+
+    t0 = mono_ms();
+    assert_int_equal(writer_stop_by(w, t0 + 200), -1);
+    took = mono_ms() - t0;
+    assert_true(took >= 190);
+    assert_true(took < 5000);
+
+    pthread_mutex_lock(&f->lock);
+    f->gate_closed = false;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+    assert_int_equal(writer_stop_by(w, mono_ms() + 10000), 0);
+    assert_int_equal(f->delivered, 2);
+    assert_int_equal(f->acquired, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -424,6 +469,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_backlog_delivers_queued_jobs, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_stop_by_gives_up_on_a_held_writer, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""SIGTERM while the store's disk stalls for longer than server.drain_timeout:
+the stop is still bounded, no client is told a result the store does not
+hold, and the store opens cleanly afterwards.
+
+The proxy runs under libslowdisk.so (slowdisk.c, as test_slow_disk.py): while
+the stall file exists, every flush of data.mdb blocks, so the store writer
+is stuck inside one commit and every store write of the process queues
+behind it. Two requests are in flight when SIGTERM comes:
+  complete  its action is running at the upstream; its answer comes during
+            the drain and its complete queues behind the stalled commit;
+  acquire   a new key whose acquire is queued behind the stalled commit.
+
+Before 2026-12-06 the workers waited for every store write they had queued
+and the main thread for the writer, so the process exited only once the
+disk came back (drain_timeout 2 s, SIGTERM 0.3 s into the stall): 5.7 s
+after SIGTERM with a 6 s stall, 9.7 s with a 10 s one, never while the
+stall lasted (ended by the test 30 s in); an idle proxy with durability
+"interval" whose periodic sync stalled, likewise. Now:
+  - a second past the drain's deadline, every client still waiting for the
+    store gets 503 shutting-down; the one whose action ran is told so, and
+    that its result may not be stored (under durability "sync" an answer
+    goes out only once the store holds it: a 2xx here would be a result a
+    retry might not find);
+  - the process exits a second after that, with the writer still in the
+    disk: without closing the store (LMDB forbids mdb_env_close while a
+    transaction is live) and with exit status 75, as when the store stops
+    taking transactions (the stuck commit is lost or whole, as after a
+    crash, which LMDB survives): 4.0 s after SIGTERM;
+  - the store checks clean afterwards; a record left IN_PROGRESS is freed
+    when its lease ends.
+Timing is asserted only as generous upper bounds (drain_timeout + 5 s): the
+stall of the first case outlasts that bound, so the old code fails it.
+"""
+
+import os
+import threading
+import time
+import unittest
+
+import chaoslib
+from chaoslib import harness
+from harness import in_thread
+from test_slow_disk import slowdisk_lib
+
+TEST = "stall_outlasts_drain"
+DRAIN_S = 2.0
+# The drain's bound plus the grace seconds the README gives the exit, plus
+# slack for a loaded machine or a sanitizer build: an upper bound only.
+EXIT_BOUND_S = DRAIN_S + 5.0
+# How long the test waits, beyond the bound, to measure an exit that the
+# stall holds up (then ends the stall, so the process can go).
+MEASURE_S = 30.0
+EXIT_STORE = 75
+
+
+class StallOutlastsDrain(harness.ProxyTestCase):
+    def start_slow_proxy(self, store=None):
+        self.stall_file = os.path.join(self.workdir, "stall")
+        self.stats_file = os.path.join(self.workdir, "slowdisk.stats")
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = " ".join(filter(None, [slowdisk_lib(), env.get("LD_PRELOAD")]))
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
+                                                      "verify_asan_link_order=0"]))
+        env["SLOWDISK_STALL_FILE"] = self.stall_file
+        env["SLOWDISK_STATS"] = self.stats_file
+        config = self.config(routes=[self.route(lease="5s", heartbeat="1s", wait="10s")],
+                             timeout="20s", store=store,
+                             server={"drain_timeout": "%gs" % DRAIN_S})
+        p = harness.Proxy(self.workdir, config, "slow", env=env)
+        self.proxies.append(p)
+        return p.start()
+
+    def stall(self):
+        with open(self.stall_file, "w"):
+            pass
+        self.note("stall begins")
+
+    def unstall(self):
+        try:
+            os.unlink(self.stall_file)
+            self.note("stall ends")
+        except FileNotFoundError:
+            pass
+
+    def stalled_flushes(self):
+        """Flushes that ended after a stall (the count is written when one
+        ends: a process that exits mid-stall leaves none)."""
+        if not os.path.exists(self.stats_file):
+            return 0
+        with open(self.stats_file) as f:
+            return int(dict(kv.split("=") for kv in f.read().split())["stalled"])
+
+    def assertStallHeld(self, proxy, rc, still_stalled):
+        """The stall is what the exit met: the process exited mid-stall
+        saying so (75), or a flush of it waited for the stall's end."""
+        if still_stalled:
+            self.assertEqual(rc, EXIT_STORE, "exit status with a commit still in the disk: "
+                             "%r; %s" % (rc, proxy.stderr()[-2000:]))
+            self.assertIn("did not finish", proxy.stderr())
+        else:
+            self.assertGreaterEqual(self.stalled_flushes(), 1, "no flush was stalled")
+            self.assertIn(rc, (0, EXIT_STORE), proxy.stderr()[-2000:])
+
+    def wait_exit(self, proxy, t0):
+        """The exit status and the seconds from SIGTERM to the exit; an exit
+        the stall holds up is measured up to MEASURE_S, then the stall is
+        ended (the assertion on the bound comes after)."""
+        rc = proxy.wait_exit(EXIT_BOUND_S)
+        if rc is None:
+            rc = proxy.wait_exit(MEASURE_S - EXIT_BOUND_S)
+        if rc is None:
+            self.note("still running %.1f s after SIGTERM: ending the stall", MEASURE_S)
+            self.unstall()
+            rc = proxy.wait_exit(15)
+        return rc, time.monotonic() - t0
+
+    def sigterm_during_stall(self, stall_s):
+        """stall_s: the stall's length from its start; None: it lasts until
+        the process has exited."""
+        proxy = self.start_slow_proxy()
+        done_key, new_key = "stall-complete", "stall-acquire"
+        done = in_thread(self.post, proxy, done_key, headers=[("X-Test-Delay-Ms", "1500")],
+                         timeout=60)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(done_key) == 1, 5))
+        self.stall()
+        stalled_at = time.monotonic()
+        if stall_s is not None:
+            timer = threading.Timer(stall_s, self.unstall)
+            timer.start()
+            self.addCleanup(timer.cancel)
+        self.addCleanup(self.unstall)
+        new = in_thread(self.post, proxy, new_key, timeout=60)
+        time.sleep(0.3)  # its acquire waits behind the stalled commit
+        t0 = time.monotonic()
+        proxy.terminate()
+        self.note("SIGTERM")
+        rc, exit_s = self.wait_exit(proxy, t0)
+        still_stalled = os.path.exists(self.stall_file)
+        self.unstall()
+        done_r, new_r = done.result(30), new.result(30)
+        self.note("exit %r after %.2f s; complete: %d, acquire: %d", rc, exit_s, done_r.status,
+                  new_r.status)
+
+        check = chaoslib.check_store(self.store_path, records=True)
+        records = check.records
+        done_rec = records.get(chaoslib.record_key("payments", done_key))
+        new_rec = records.get(chaoslib.record_key("payments", new_key))
+        chaoslib.figure(TEST + ("_stall%gs" % stall_s if stall_s is not None else "_endless"),
+                        drain_s=DRAIN_S, exit_s=round(exit_s, 2), status=rc,
+                        complete=done_r.status, acquire=new_r.status,
+                        complete_record=done_rec["state"] if done_rec else "absent",
+                        acquire_record=new_rec["state"] if new_rec else "absent")
+
+        self.assertLess(exit_s, EXIT_BOUND_S,
+                        "SIGTERM during a stall: exit after %.1f s, drain_timeout %g s" %
+                        (exit_s, DRAIN_S))
+        self.assertStallHeld(proxy, rc, still_stalled)
+        self.assertTrue(check.ok, check)
+
+        # The new key: nothing forwarded, the client told to retry.
+        self.assertEqual(self.upstream.count(new_key), 0)
+        self.assertProblem(new_r, 503)
+        self.assertTrue(new_r.json()["type"].endswith(":shutting-down"), new_r)
+        # The running action: its answer only if the store holds it
+        # (durability "sync"); else 503, saying that it ran.
+        self.assertEqual(self.upstream.count(done_key), 1)
+        if done_r.status == 201:
+            self.assertExecuted(done_r)
+            self.assertEqual((done_rec or {}).get("state"), "complete",
+                             "the client got the upstream's answer, the store does not hold it")
+        else:
+            self.assertProblem(done_r, 503)
+            self.assertTrue(done_r.json()["type"].endswith(":shutting-down"), done_r)
+            self.assertIn("the action ran", done_r.json()["detail"])
+        self.assertIsNotNone(done_rec, "the running action's record is gone: a retry would "
+                             "run it again at once")
+
+    def test_stall_ends_after_the_bound(self):
+        self.sigterm_during_stall(EXIT_BOUND_S + 3.0)
+
+    def test_stall_ends_while_the_stop_gives_up(self):
+        """The stall ends after the requests waiting for the store were
+        answered and before the process stops: the writes land late, the
+        writer stops, and the answers already sent stand."""
+        self.sigterm_during_stall(0.3 + DRAIN_S + 1.5)
+
+    def test_stall_that_does_not_end(self):
+        self.sigterm_during_stall(None)
+
+    def test_nothing_in_flight_interval_sync_stalled(self):
+        """durability "interval": the writer's periodic sync is the stalled
+        flush, and nothing is in flight. The stop used to wait for it."""
+        proxy = self.start_slow_proxy(store={"durability": "interval",
+                                             "sync_interval": "200ms"})
+        self.assertExecuted(self.post(proxy, "stall-before"))
+        self.stall()
+        self.addCleanup(self.unstall)
+        time.sleep(0.6)  # the next periodic sync waits for the disk
+        t0 = time.monotonic()
+        proxy.terminate()
+        rc, exit_s = self.wait_exit(proxy, t0)
+        still_stalled = os.path.exists(self.stall_file)
+        self.unstall()
+        chaoslib.figure(TEST + "_interval_idle", drain_s=DRAIN_S, exit_s=round(exit_s, 2),
+                        status=rc)
+        self.assertLess(exit_s, EXIT_BOUND_S)
+        self.assertStallHeld(proxy, rc, still_stalled)
+        check = chaoslib.check_store(self.store_path)
+        self.assertTrue(check.ok, check)
+
+
+if __name__ == "__main__":
+    unittest.main()
