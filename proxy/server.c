@@ -1958,9 +1958,23 @@ static void on_job(struct request *r, struct writer_job *j)
         memcpy(r->lease_id, j->op.lease_id, STORE_LEASE_ID_BYTES);
         r->live_lease = true;
     }
-    /* Its client was answered at the stop (give_up_store_waits): the write
-     * landed after all, which changes nothing for that answer. An acquire
-     * that did is left to its lease, as an exit would leave it. */
+    if (r->store_abandoned && j->op.kind == STORE_OP_ACQUIRE && j->error == 0 &&
+        j->op.outcome == STORE_ACQUIRED) {
+        /* Its client was told at the stop that nothing was forwarded
+         * (give_up_store_waits), and the acquire landed after all: give the
+         * key back, so that the retry runs now instead of waiting out the
+         * lease. Not submit_settle(): the request's state stays, its answer
+         * may still be on its way. Should the worker stop first, the key is
+         * left to its lease, as an exit would leave it. */
+        memset(&j->op, 0, sizeof(j->op));
+        j->op.kind = STORE_OP_RELEASE;
+        memcpy(j->op.key, r->record_key, STORE_KEY_BYTES);
+        memcpy(j->op.lease_id, r->lease_id, STORE_LEASE_ID_BYTES);
+        submit(r, j);
+        return;
+    }
+    /* A client gone, or answered at the stop with the write still out: the
+     * write landed after all, which changes nothing for the answer. */
     if (r->mhd_done || r->store_abandoned) {
         maybe_free(r);
         return;
