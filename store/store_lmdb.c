@@ -53,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -191,6 +192,12 @@ struct lmdb_store {
     _Atomic int64_t stall_end;
     _Atomic int64_t stall_unstamped;
     int64_t txn_began; /* the writer lock's taking, in the write txn under way */
+    /* The last hold of the writer lock, shared by every process on the store
+     * through durability.lock's first bytes (mapped; NULL: not available):
+     * [0] when it was taken (lease clock, ms), written by the taker under
+     * the lock; [1] (that taking's low 32 bits << 32) | how long it was held
+     * (ms), written by the holder once it let go. See write_begin. */
+    _Atomic int64_t *held;
 
     /* Random bytes for lease ids (new_lease_id). Only touched inside a
      * write transaction, and LMDB admits one at a time per environment,
@@ -389,6 +396,28 @@ static int layout_read(const struct lmdb_store *s, MDB_txn *txn, uint32_t *out)
  * an interval process writes while no sync process is there carries
  * MDB_NOSYNC's risk, as the configuration's documentation says.
  */
+#define HELD_BYTES 64
+
+/* Maps durability.lock's first HELD_BYTES as the store's shared record of
+ * the last hold of the writer lock (lmdb_store.held). Best effort: without
+ * it a process still notes the stalls it waits through or holds itself. The
+ * file's lock (byte 0, F_OFD) is not its content, and older processes never
+ * write to it. */
+static void held_map(struct lmdb_store *s)
+{
+    struct stat sb;
+    void *m;
+
+    if (fstat(s->durability_fd, &sb) != 0 ||
+        (sb.st_size < HELD_BYTES && ftruncate(s->durability_fd, HELD_BYTES) != 0)) {
+        return;
+    }
+    m = mmap(NULL, HELD_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, s->durability_fd, 0);
+    if (m != MAP_FAILED) {
+        s->held = m;
+    }
+}
+
 static int durability_open(struct lmdb_store *s, const char *path, bool sync, char *err,
                            size_t errlen)
 {
@@ -409,6 +438,7 @@ static int durability_open(struct lmdb_store *s, const char *path, bool sync, ch
         return STORE_EIO;
     }
     s->interval = !sync;
+    held_map(s);
     return STORE_OK;
 }
 
@@ -473,6 +503,49 @@ static void stall_seen(struct lmdb_store *s, int64_t end)
     atomic_max(&s->stall_unstamped, end);
 }
 
+/*
+ * With the writer lock just taken: how long did the previous holder, of any
+ * process, hold it? A process that waited less than stall_ms for it (its
+ * op came late in a long hold) would otherwise take a lease that ran out
+ * during that hold, before the holder's own process had written the stall
+ * to meta: its next commit comes after this one. The holder publishes its
+ * hold once it lets go (held_publish); if it has not yet, it let go just
+ * now, and its hold is counted up to now: at worst a hold counted too long,
+ * which delays a steal by a lease, never brings one forward.
+ */
+static void held_check(struct lmdb_store *s)
+{
+    int64_t taken;
+    int64_t tagged;
+    int64_t hold;
+
+    if (s->held == NULL) {
+        return;
+    }
+    taken = atomic_load(&s->held[0]);
+    tagged = atomic_load(&s->held[1]);
+    if (taken > 0 && taken <= s->txn_began) {
+        hold = (uint32_t)((uint64_t)tagged >> 32) == (uint32_t)taken
+                   ? (int64_t)((uint64_t)tagged & 0xffffffffu)
+                   : s->txn_began - taken;
+        if (hold >= s->stall_ms) {
+            stall_seen(s, taken + hold);
+        }
+    }
+    atomic_store(&s->held[0], s->txn_began);
+}
+
+static void held_publish(struct lmdb_store *s, int64_t began, int64_t end)
+{
+    int64_t hold = end - began;
+
+    if (s->held == NULL) {
+        return;
+    }
+    hold = hold < 0 ? 0 : hold > 0xffffffff ? 0xffffffff : hold;
+    atomic_store(&s->held[1], (int64_t)(((uint64_t)(uint32_t)began << 32) | (uint64_t)hold));
+}
+
 static int write_begin(struct lmdb_store *s, MDB_txn **out)
 {
     MDB_txn *txn = NULL;
@@ -486,6 +559,7 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
             if (s->txn_began - asked >= s->stall_ms) {
                 stall_seen(s, s->txn_began);
             }
+            held_check(s);
         }
         follow_sync(s);
         rc = layout_read(s, txn, &layout);
@@ -503,18 +577,35 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
 
 /* LMDB_COMMIT of a transaction write_begin() began, noting a hold of the
  * writer lock long enough to be a stall (a flush that took seconds). */
+static void write_done(struct lmdb_store *s, int64_t began)
+{
+    if (s->stall_ms > 0) {
+        int64_t end = lease_now_ms(s);
+        held_publish(s, began, end);
+        if (end - began >= s->stall_ms) {
+            stall_seen(s, end);
+        }
+    }
+}
+
 static int write_commit(struct lmdb_store *s, MDB_txn *txn)
 {
     int64_t began = s->txn_began;
     int rc = LMDB_COMMIT(txn);
 
-    if (s->stall_ms > 0) {
-        int64_t end = lease_now_ms(s);
-        if (end - began >= s->stall_ms) {
-            stall_seen(s, end);
-        }
-    }
+    write_done(s, began);
     return rc;
+}
+
+/* mdb_txn_abort of a transaction write_begin() began: a long one held the
+ * writer lock as long as a commit would have (a purge's scan stalled on
+ * page faults, say). */
+static void write_abort(struct lmdb_store *s, MDB_txn *txn)
+{
+    int64_t began = s->txn_began;
+
+    mdb_txn_abort(txn);
+    write_done(s, began);
 }
 
 static int stall_read(MDB_txn *txn, MDB_dbi meta, int64_t *end)
@@ -552,25 +643,28 @@ static int64_t stall_stamp(struct lmdb_store *s, MDB_txn *txn)
     MDB_val kv = {sizeof(STALL_KEY) - 1, (void *)STALL_KEY};
     MDB_val v = {sizeof(b), b};
 
-    if (pending <= 0 || mdb_txn_begin(s->env, txn, 0, &child) != 0) {
+    if (pending <= 0 || LMDB_CALL(mdb_txn_begin(s->env, txn, 0, &child)) != 0) {
         return 0;
     }
     if (stall_read(child, s->meta, &have) != STORE_OK) {
         mdb_txn_abort(child);
         return 0;
     }
-    if (have >= pending) {
+    if (have >= pending && have <= s->lease_now) {
         mdb_txn_abort(child); /* another process wrote a later one */
         return pending;
     }
+    /* (One later than now is of another boot, left by an older process
+     * that switched the epoch without deleting it: overwritten, or no stall
+     * of this boot would be written until its clock passed that value.) */
     for (int i = 0; i < 8; i++) {
         b[i] = (uint8_t)((uint64_t)pending >> (8 * i));
     }
-    if (mdb_put(child, s->meta, &kv, &v, 0) != 0) {
+    if (LMDB_WRITE(mdb_put(child, s->meta, &kv, &v, 0)) != 0) {
         mdb_txn_abort(child);
         return 0;
     }
-    return mdb_txn_commit(child) == 0 ? pending : 0; /* frees child either way */
+    return LMDB_COMMIT(child) == 0 ? pending : 0; /* frees child either way */
 }
 
 static int64_t now_ms(const struct lmdb_store *s)
@@ -1415,7 +1509,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
             goto out;
         }
     }
-    if (n == 0 && !purging) {
+    if (n == 0 && !purging && atomic_load(&s->stall_unstamped) <= 0) {
         goto out; /* nothing to commit: abort, no disk write */
     }
     stamped = stall_stamp(s, txn);
@@ -1434,7 +1528,7 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     }
 out:
     if (txn != NULL) {
-        mdb_txn_abort(txn);
+        write_abort(s, txn);
     }
     if (rc != STORE_OK) {
         for (size_t i = 0; i < n; i++) {
@@ -1474,7 +1568,7 @@ static int settle_after_purge(struct lmdb_store *s)
         if (rc == 0) {
             rc = write_commit(s, txn);
         } else {
-            mdb_txn_abort(txn);
+            write_abort(s, txn);
         }
         rc = map_err(rc);
     }
@@ -2040,7 +2134,7 @@ static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, b
     }
 out:
     if (txn != NULL) {
-        mdb_txn_abort(txn);
+        write_abort(s, txn);
     }
     if (rc != STORE_OK) {
         *more = false;
@@ -2258,7 +2352,23 @@ static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *
 static int lmdb_sync(void *impl)
 {
     struct lmdb_store *s = impl;
-    return map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
+    MDB_txn *txn = NULL;
+    int rc;
+
+    if (s->stall_ms <= 0) {
+        return map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
+    }
+    /* Durability "interval": the flush under the writer lock, so that one
+     * that stalls is a hold of the lock every process sees (held_check).
+     * Outside it, the heartbeats of this process queued behind the flush
+     * while the others' acquires went on, and took the leases it ran out. */
+    rc = write_begin(s, &txn);
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    rc = map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
+    write_abort(s, txn);
+    return rc;
 }
 
 /* A store is kept only on a file system LMDB works on (store_shared_fs_name):
@@ -3143,6 +3253,9 @@ static void lmdb_close(void *impl)
         }
         if (s->pid != 0) {
             open_envs_remove(s);
+        }
+        if (s->held != NULL) {
+            munmap((void *)s->held, HELD_BYTES);
         }
         if (s->durability_fd >= 0) {
             close(s->durability_fd);

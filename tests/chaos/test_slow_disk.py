@@ -59,7 +59,7 @@ def slowdisk_lib():
 
 
 class SlowDisk(harness.ProxyTestCase):
-    def start_slow_proxy(self, name="slow", routes=None):
+    def start_slow_proxy(self, name="slow", routes=None, store=None):
         self.stall_file = os.path.join(self.workdir, "stall")
         self.stats_file = os.path.join(self.workdir, "slowdisk.stats")
         env = dict(os.environ)
@@ -70,7 +70,7 @@ class SlowDisk(harness.ProxyTestCase):
         env["SLOWDISK_STATS"] = self.stats_file
         config = self.config(routes=routes or [self.route(lease=LEASE, heartbeat=HEARTBEAT,
                                                           wait="10s")],
-                             timeout="20s")
+                             timeout="20s", store=store)
         p = harness.Proxy(self.workdir, config, name, env=env)
         self.proxies.append(p)
         return p.start()
@@ -172,6 +172,51 @@ class SlowDisk(harness.ProxyTestCase):
                                 (answered - unstalled, lease_s))
         chaoslib.figure(TEST + "_stall_shared", stall_s=stall_s, lease=lease_s,
                         steal_after_s=round(answered - unstalled, 3))
+
+    def test_duplicate_in_other_process_late_in_the_stall(self):
+        """The duplicate reaches the second proxy 0.15 s before the disk is
+        back: its writer waits for the lock less than a stall's length
+        (450 ms here), so it learns of the holder's long hold only from the
+        store's shared record of it (durability.lock, held_check): before
+        that, it took the key 3 of 3 times."""
+        proxy = self.start_slow_proxy()
+        dup_proxy = self.start_slow_proxy("slow2")
+        key = "slow-late"
+        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
+                          timeout=30)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
+        self.stall()
+        started = time.monotonic()
+        time.sleep(STALL_S - 0.15)
+        dup = in_thread(self.post, dup_proxy, key, timeout=30)
+        time.sleep(max(0, STALL_S - (time.monotonic() - started)))
+        self.unstall()
+        runs = self.check(key, first, dup)
+        chaoslib.figure(TEST + "_late_2proc", stall_s=STALL_S, lease=LEASE,
+                        heartbeat=HEARTBEAT, executions=runs)
+
+    def test_interval_flush_stalled_duplicate_in_other_process(self):
+        """Durability "interval": the holder's writer thread is stuck in its
+        periodic flush, which took no lock, so no process saw a stall while
+        the holder's heartbeats queued behind it; the other proxy took the
+        key 2 of 2 times. The flush now holds the writer lock."""
+        store = {"durability": "interval", "sync_interval": "200ms"}
+        proxy = self.start_slow_proxy(store=store)
+        dup_proxy = self.start_slow_proxy("slow2", store=dict(store, sync_interval="60s"))
+        key = "slow-interval"
+        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
+                          timeout=30)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
+        time.sleep(0.3)
+        self.stall()
+        started = time.monotonic()
+        time.sleep(1.5)
+        dup = in_thread(self.post, dup_proxy, key, timeout=30)
+        time.sleep(max(0, STALL_S - (time.monotonic() - started)))
+        self.unstall()
+        runs = self.check(key, first, dup)
+        chaoslib.figure(TEST + "_interval_2proc", stall_s=STALL_S, lease=LEASE,
+                        heartbeat=HEARTBEAT, executions=runs)
 
     def test_holder_heartbeat_stalled(self):
         self.holder_heartbeat_stalled(other_process=False)

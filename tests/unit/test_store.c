@@ -1750,6 +1750,109 @@ static void use_lease_clock(struct fixture *f, int64_t lease_now, const char *ep
     assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
 }
 
+/* A lease clock for one handle whose write path stalls: from the
+ * stall_read_at-th read on, every read is stall_jump ms later than the one
+ * before (both clocks move). 0 reads: no stall. */
+static _Atomic int64_t stall_jump;
+static _Atomic int stall_reads_left;
+
+static int64_t stalling_lease_now(void *ctx)
+{
+    struct fake_clock *c = ctx;
+
+    if (atomic_load(&stall_jump) != 0 && atomic_fetch_sub(&stall_reads_left, 1) <= 1) {
+        atomic_fetch_add(&c->lease_now, atomic_load(&stall_jump));
+        atomic_fetch_add(&c->now, atomic_load(&stall_jump));
+    }
+    return atomic_load(&c->lease_now);
+}
+
+/* Reopens the store as another process would: stall_ms set, on the
+ * stalling clock or the plain one. */
+static void reopen_watching(struct fixture *f, bool stalling)
+{
+    struct store_options opt;
+    char err[256];
+
+    store_close(f->st);
+    f->st = NULL;
+    f->store_clock.lease_now_ms = stalling ? stalling_lease_now : fake_lease_now;
+    memset(&opt, 0, sizeof(opt));
+    opt.path = f->path;
+    opt.clock = &f->store_clock;
+    opt.stall_ms = 500;
+    assert_int_equal(store_open(NULL, &opt, &f->st, err, sizeof(err)), 0);
+}
+
+/* Process A holds a key; process B's write path stalls 2 s a clock read,
+ * past A's lease, and B commits once more; process C, which saw no stall,
+ * must take A's lease as live (B wrote the stall to meta). With stale, meta
+ * already holds a stall of the previous boot, larger than this boot's
+ * clock, left by an older release that switched the epoch without deleting
+ * it: B once took it for a later stall of its own and wrote nothing. */
+static void stall_reaches_another_process(void **state, bool stale)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    uint8_t v[8];
+
+    use_lease_clock(f, 900000000, "boot-1");
+    if (stale) {
+        int64_t e = 899999000;
+        for (int i = 0; i < 8; i++)
+            v[i] = (uint8_t)((uint64_t)e >> (8 * i));
+        store_close(f->st);
+        f->st = NULL;
+        meta_put(f->path, "stall_end", v, sizeof(v));
+        meta_put(f->path, "lease_epoch", "boot-2", strlen("boot-2"));
+    }
+    use_lease_clock(f, 100000, "boot-2");
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    reopen_watching(f, true);
+    atomic_store(&stall_reads_left, 1);
+    atomic_store(&stall_jump, 2000);
+    assert_int_equal(acquire(f->st, "other", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    atomic_store(&stall_jump, 0);
+    assert_int_equal(acquire(f->st, "other2", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    reopen_watching(f, false);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+}
+
+static void test_stall_reaches_another_process_through_meta(void **state)
+{
+    stall_reaches_another_process(state, false);
+}
+
+static void test_stall_of_another_boot_in_meta_overwritten(void **state)
+{
+    stall_reaches_another_process(state, true);
+}
+
+/* B's commit is the stall (its clock jumps between the lock's taking and
+ * the commit's end), and B commits nothing after it, so meta never gets it:
+ * C learns of the hold through durability.lock (held_check) the moment it
+ * takes the writer lock, and takes A's lease as live. */
+static void test_stalled_hold_seen_by_the_next_taker(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+
+    use_lease_clock(f, 100000, "boot-1");
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    reopen_watching(f, true);
+    /* Reads: the wait's start, the lock's taking, the batch's now, the
+     * commit's end: the jump comes at the fourth. */
+    atomic_store(&stall_reads_left, 4);
+    atomic_store(&stall_jump, 3000);
+    assert_int_equal(acquire(f->st, "other", 'a', 1000, 60000, &b), STORE_ACQUIRED);
+    atomic_store(&stall_jump, 0);
+    reopen_watching(f, false);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+    assert_true(b.lease_expires_ms >= atomic_load(&f->clock.lease_now) + 1000 - 1);
+}
+
 /* Leases are on the lease clock: a step of the wall clock past a live
  * lease (an NTP step) does not make it stealable, nor its record
  * purgeable; only the lease clock's time does. On the wall clock, the
@@ -3746,6 +3849,9 @@ int main(void)
         STORE_TEST(test_malformed_log_salt_replaced),
         STORE_TEST(test_stall_holds_steal_off_for_a_lease),
         STORE_TEST(test_stall_end_in_future_or_past_ignored),
+        STORE_TEST(test_stall_reaches_another_process_through_meta),
+        STORE_TEST(test_stall_of_another_boot_in_meta_overwritten),
+        STORE_TEST(test_stalled_hold_seen_by_the_next_taker),
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
