@@ -98,9 +98,14 @@ class SlowDisk(harness.ProxyTestCase):
         self.assertGreaterEqual(int(self.stats()["stalled"]), 1, "no flush was stalled")
         return runs
 
-    def holder_heartbeat_stalled(self, other_process):
-        proxy = self.start_slow_proxy()
-        dup_proxy = self.start_slow_proxy("slow2") if other_process else proxy
+    def holder_heartbeat_stalled(self, figure, other_process=True, dup_after_s=1.5,
+                                 store=None, dup_store=None):
+        """The holder's action is running and its heartbeat is the stalled
+        commit (or flush); the duplicate is sent dup_after_s into the
+        stall, to the holder's proxy or to a second one."""
+        proxy = self.start_slow_proxy(store=store)
+        dup_proxy = (self.start_slow_proxy("slow2", store=dup_store or store)
+                     if other_process else proxy)
         key = "slow-hb"
         first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
                           timeout=30)
@@ -108,13 +113,13 @@ class SlowDisk(harness.ProxyTestCase):
         time.sleep(0.3)  # a few heartbeats committed
         self.stall()
         started = time.monotonic()
-        time.sleep(1.5)  # past the lease: the last committed extend is over
+        time.sleep(dup_after_s)  # past the lease: the last committed extend is over
         dup = in_thread(self.post, dup_proxy, key, timeout=30)
-        time.sleep(STALL_S - (time.monotonic() - started))
+        time.sleep(max(0, STALL_S - (time.monotonic() - started)))
         self.unstall()
         runs = self.check(key, first, dup)
-        chaoslib.figure(TEST + "_heartbeat" + ("_2proc" if other_process else ""),
-                        stall_s=STALL_S, lease=LEASE, heartbeat=HEARTBEAT, executions=runs)
+        chaoslib.figure(TEST + figure, stall_s=STALL_S, lease=LEASE, heartbeat=HEARTBEAT,
+                        executions=runs)
 
     def holder_acquire_stalled(self, other_process):
         proxy = self.start_slow_proxy()
@@ -179,21 +184,7 @@ class SlowDisk(harness.ProxyTestCase):
         (450 ms here), so it learns of the holder's long hold only from the
         store's shared record of it (durability.lock, held_check): before
         that, it took the key 3 of 3 times."""
-        proxy = self.start_slow_proxy()
-        dup_proxy = self.start_slow_proxy("slow2")
-        key = "slow-late"
-        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
-                          timeout=30)
-        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
-        self.stall()
-        started = time.monotonic()
-        time.sleep(STALL_S - 0.15)
-        dup = in_thread(self.post, dup_proxy, key, timeout=30)
-        time.sleep(max(0, STALL_S - (time.monotonic() - started)))
-        self.unstall()
-        runs = self.check(key, first, dup)
-        chaoslib.figure(TEST + "_late_2proc", stall_s=STALL_S, lease=LEASE,
-                        heartbeat=HEARTBEAT, executions=runs)
+        self.holder_heartbeat_stalled("_late_2proc", dup_after_s=STALL_S - 0.15)
 
     def test_interval_flush_stalled_duplicate_in_other_process(self):
         """Durability "interval": the holder's writer thread is stuck in its
@@ -201,31 +192,17 @@ class SlowDisk(harness.ProxyTestCase):
         the holder's heartbeats queued behind it; the other proxy took the
         key 2 of 2 times. The flush now holds the writer lock."""
         store = {"durability": "interval", "sync_interval": "200ms"}
-        proxy = self.start_slow_proxy(store=store)
-        dup_proxy = self.start_slow_proxy("slow2", store=dict(store, sync_interval="60s"))
-        key = "slow-interval"
-        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
-                          timeout=30)
-        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
-        time.sleep(0.3)
-        self.stall()
-        started = time.monotonic()
-        time.sleep(1.5)
-        dup = in_thread(self.post, dup_proxy, key, timeout=30)
-        time.sleep(max(0, STALL_S - (time.monotonic() - started)))
-        self.unstall()
-        runs = self.check(key, first, dup)
-        chaoslib.figure(TEST + "_interval_2proc", stall_s=STALL_S, lease=LEASE,
-                        heartbeat=HEARTBEAT, executions=runs)
+        self.holder_heartbeat_stalled("_interval_2proc", store=store,
+                                      dup_store=dict(store, sync_interval="60s"))
 
     def test_holder_heartbeat_stalled(self):
-        self.holder_heartbeat_stalled(other_process=False)
+        self.holder_heartbeat_stalled("_heartbeat", other_process=False)
 
     def test_holder_acquire_stalled(self):
         self.holder_acquire_stalled(other_process=False)
 
     def test_holder_heartbeat_stalled_duplicate_in_other_process(self):
-        self.holder_heartbeat_stalled(other_process=True)
+        self.holder_heartbeat_stalled("_heartbeat_2proc")
 
     def test_holder_acquire_stalled_duplicate_in_other_process(self):
         self.holder_acquire_stalled(other_process=True)
