@@ -309,6 +309,27 @@ int store_get(struct store *st, const uint8_t key[STORE_KEY_BYTES], struct store
     return rc;
 }
 
+int store_view(struct store *st, const uint8_t key[STORE_KEY_BYTES], store_view_fn fn, void *ctx)
+{
+    int rc = STORE_EINVAL;
+    struct store_record rec;
+
+    if (st == NULL || key == NULL || fn == NULL) {
+        goto out;
+    }
+    if (st->ops->view != NULL) {
+        rc = seen(st, st->ops->view(st->impl, key, fn, ctx));
+        goto out;
+    }
+    rc = seen(st, st->ops->get(st->impl, key, &rec));
+    if (rc == STORE_OK) {
+        fn(&rec, ctx);
+        store_record_clear(&rec);
+    }
+out:
+    return rc;
+}
+
 int store_purge(struct store *st, size_t max_records, size_t *purged, bool *more)
 {
     int rc = STORE_EINVAL;

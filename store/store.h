@@ -304,6 +304,12 @@ typedef int (*store_scan_fn)(const uint8_t key[STORE_KEY_BYTES], const struct st
 typedef void (*store_scan_bad_fn)(const uint8_t *key, size_t key_len, const char *table,
                                   size_t value_len, const char *detail, void *ctx);
 
+/* Called by store_view() with the record as stored: its headers and body
+ * point into the store and are valid only until fn returns (lmdb.h: "valid
+ * only until the end of the transaction"); copy what must outlive it, and
+ * never write through them or free them. */
+typedef void (*store_view_fn)(const struct store_record *rec, void *ctx);
+
 /*
  * A backend: the shape of Redis's connection types. Every function follows
  * the contract of the store_* wrapper of the same name below.
@@ -317,6 +323,8 @@ struct store_ops {
     int (*apply_purge)(void *impl, struct store_op *ops, size_t n, size_t max_purge, size_t *purged,
                        bool *more);
     int (*get)(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
+    /* Optional (NULL: store_view() calls fn with a store_get() copy). */
+    int (*view)(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_fn fn, void *ctx);
     int (*purge)(void *impl, size_t max_records, size_t *purged, bool *more);
     int (*reader_check)(void *impl, int *cleared);
     int (*stats)(void *impl, struct store_stats *out);
@@ -368,6 +376,15 @@ int store_apply_purge(struct store *st, struct store_op *ops, size_t n, size_t m
  * treated as absent even before a purge). *out needs no initialisation; on
  * an error it is left empty. */
 int store_get(struct store *st, const uint8_t key[STORE_KEY_BYTES], struct store_record *out);
+
+/* store_get() without the copy: calls fn once, on the calling thread, with
+ * the record as store_get() would return it (state ABSENT when there is
+ * none or it is past its TTL), borrowed for the call (store_view_fn), all
+ * inside one read transaction. For a caller that copies only what it does
+ * not already hold: a replay whose stored answer other replays of the same
+ * record are sending. Returns 0 when fn was called, a negative error (and
+ * fn not called) otherwise. fn must not call the store. */
+int store_view(struct store *st, const uint8_t key[STORE_KEY_BYTES], store_view_fn fn, void *ctx);
 
 /* Deletes up to max_records purgeable records, oldest expiry first, in one
  * write transaction, using the expiry index (never a full scan). *more is set

@@ -1791,6 +1791,47 @@ out:
     return rc;
 }
 
+static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_fn fn, void *ctx)
+{
+    struct lmdb_store *s = impl;
+    MDB_txn *txn = NULL;
+    struct store_record_view v;
+    struct store_record rec;
+    enum rec_table where = REC_NONE;
+    bool found = false;
+    int rc;
+
+    memset(&rec, 0, sizeof(rec));
+    rc = read_begin(s, &txn);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    rc = record_load(s, txn, key, &v, &found, &where, false);
+    /* As lmdb_get(): a COMPLETE record past its TTL is absent. The spans
+     * borrow from the map, valid until read_end(). */
+    if (rc == STORE_OK && found &&
+        !(v.state == STORE_STATE_COMPLETE && v.expires_ms <= now_ms(s))) {
+        rec.state = v.state;
+        memcpy(rec.lease_id, v.lease_id, STORE_LEASE_ID_BYTES);
+        rec.lease_expires_ms = v.lease_expires_ms;
+        rec.expires_ms = v.expires_ms;
+        memcpy(rec.fingerprint, v.fingerprint, STORE_FINGERPRINT_BYTES);
+        rec.has_raw_fingerprint = v.has_raw_fingerprint;
+        memcpy(rec.raw_fingerprint, v.raw_fingerprint, STORE_FINGERPRINT_BYTES);
+        rec.status = v.status;
+        rec.headers = (uint8_t *)v.headers;
+        rec.headers_len = v.headers_len;
+        rec.body = (uint8_t *)v.body;
+        rec.body_len = v.body_len;
+    }
+    if (rc == STORE_OK) {
+        fn(&rec, ctx);
+    }
+    read_end(s, txn);
+out:
+    return rc;
+}
+
 /* Whether the due index entry at time t is a damaged record's own, and so
  * purges it: yes when the record's header cannot give its expiry (nothing
  * to tell by), or gives t. An entry with another time is stale (a key-order
@@ -3273,6 +3314,7 @@ const struct store_ops store_lmdb_ops = {
     .apply = lmdb_apply,
     .apply_purge = lmdb_apply_purge,
     .get = lmdb_get,
+    .view = lmdb_view,
     .purge = lmdb_purge,
     .reader_check = lmdb_reader_check,
     .stats = lmdb_stats,

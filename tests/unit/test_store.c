@@ -649,6 +649,77 @@ static void test_expired_complete_is_absent_before_purge(void **state)
     assert_int_equal(records_in(f->st), 1);
 }
 
+/* store_view() sees what store_get() copies, without the copy: the same
+ * fields, headers and body (borrowed for the call), and ABSENT for a
+ * missing key or an expired record. */
+struct viewed {
+    int calls;
+    struct store_record rec;
+    char body[16];
+    char headers[16];
+};
+
+static void view_fn(const struct store_record *rec, void *ctx)
+{
+    struct viewed *v = ctx;
+    v->calls++;
+    v->rec = *rec;
+    v->rec.headers = NULL;
+    v->rec.body = NULL;
+    if (rec->body_len > 0 && rec->body_len < sizeof(v->body)) {
+        memcpy(v->body, rec->body, rec->body_len);
+    }
+    if (rec->headers_len > 0 && rec->headers_len < sizeof(v->headers)) {
+        memcpy(v->headers, rec->headers, rec->headers_len);
+    }
+}
+
+static void test_view_is_get_without_the_copy(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_record rec;
+    struct viewed v;
+    uint8_t key[STORE_KEY_BYTES];
+
+    key_of("k", key);
+    memset(&v, 0, sizeof(v));
+    assert_int_equal(store_view(f->st, key, view_fn, &v), 0);
+    assert_int_equal(v.calls, 1);
+    assert_int_equal(v.rec.state, STORE_STATE_ABSENT);
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 5000, &a), STORE_ACQUIRED);
+    memset(&v, 0, sizeof(v));
+    assert_int_equal(store_view(f->st, key, view_fn, &v), 0);
+    assert_int_equal(v.rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(v.rec.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+
+    assert_int_equal(complete(f->st, "k", a.lease_id, 5000, "body"), STORE_DONE);
+    get(f->st, "k", &rec);
+    memset(&v, 0, sizeof(v));
+    assert_int_equal(store_view(f->st, key, view_fn, &v), 0);
+    assert_int_equal(v.calls, 1);
+    assert_int_equal(v.rec.state, STORE_STATE_COMPLETE);
+    assert_int_equal(v.rec.status, rec.status);
+    assert_memory_equal(v.rec.lease_id, rec.lease_id, STORE_LEASE_ID_BYTES);
+    assert_int_equal(v.rec.expires_ms, rec.expires_ms);
+    assert_memory_equal(v.rec.fingerprint, rec.fingerprint, STORE_FINGERPRINT_BYTES);
+    assert_int_equal(v.rec.has_raw_fingerprint, rec.has_raw_fingerprint);
+    assert_memory_equal(v.rec.raw_fingerprint, rec.raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    assert_int_equal(v.rec.body_len, rec.body_len);
+    assert_memory_equal(v.body, rec.body, rec.body_len);
+    assert_int_equal(v.rec.headers_len, rec.headers_len);
+    assert_memory_equal(v.headers, rec.headers, rec.headers_len);
+    store_record_clear(&rec);
+
+    advance(f, 5000);
+    memset(&v, 0, sizeof(v));
+    assert_int_equal(store_view(f->st, key, view_fn, &v), 0);
+    assert_int_equal(v.calls, 1);
+    assert_int_equal(v.rec.state, STORE_STATE_ABSENT);
+    assert_int_equal(store_view(f->st, key, NULL, &v), STORE_EINVAL);
+}
+
 /* ---- purge --------------------------------------------------------------- */
 
 static void test_purge_deletes_expired_complete(void **state)
@@ -3831,6 +3902,7 @@ int main(void)
         STORE_TEST(test_hold_takes_the_lease_from_everyone),
         STORE_TEST(test_ttl_counts_from_completion),
         STORE_TEST(test_expired_complete_is_absent_before_purge),
+        STORE_TEST(test_view_is_get_without_the_copy),
         STORE_TEST(test_purge_deletes_expired_complete),
         STORE_TEST(test_purge_in_progress_rules),
         STORE_TEST(test_purge_keeps_completed_after_move),
