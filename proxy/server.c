@@ -53,6 +53,7 @@
 #include "diag.h"
 #include "fault.h"
 #include "policy.h"
+#include "replay_share.h"
 #include "upstream.h"
 #include "wire_check.h"
 #include "writer.h"
@@ -317,6 +318,7 @@ struct proxy_server {
      * requests of all workers hold (see budget_take()), and the bound */
     _Atomic uint64_t buffered;
     uint64_t max_buffered;
+    struct replay_share *shares; /* one copy of a stored answer for its concurrent replays */
     pthread_mutex_t ip_lock;
     struct ip_count *ip_buckets[IP_BUCKETS];
     char *upstream_base; /* upstream URL without trailing slash */
@@ -948,29 +950,28 @@ static void add_headers(struct MHD_Response *resp, const struct idem_headers *h)
         add_field(resp, h->v[i].name, h->v[i].value);
 }
 
-/* Replays a COMPLETE record; takes ownership of rec's body. */
-static void respond_replay(struct request *r, struct store_record *rec)
+/* Replays a COMPLETE record: its status and headers from rec, its body
+ * from body, a reference to the shared copy (replay_share.h) that the
+ * response takes over (NULL: an empty body). */
+static void respond_replay(struct request *r, const struct store_record *rec,
+                           struct replay_body *body)
 {
     struct idem_headers h = {0};
     struct MHD_Response *resp = NULL;
-    void *body = rec->body;
-    size_t len = rec->body_len;
     int drc = idem_headers_decode(rec->headers, rec->headers_len, &h);
 
     if (drc == -2) {
         /* Not the record's fault: an operator told "corrupt" might delete
          * a good answer. */
-        idem_headers_clear(&h);
         respond_oom(r, "the proxy ran out of memory reading this key's stored answer; retry",
                     false);
-        return;
+        goto out;
     }
     if (drc != 0) {
-        idem_headers_clear(&h);
         respond_problem(r, 500, "corrupt-record", "Stored response unreadable",
                         "the stored response for this key could not be decoded", "error", 0,
                         false);
-        return;
+        goto out;
     }
     /* A record stored before the answer's header block was capped at
      * response_header_max() may not fit next to a large request: say so
@@ -978,30 +979,50 @@ static void respond_replay(struct request *r, struct store_record *rec)
      * the replay. */
     if (r->pool_bytes + answer_header_bytes(&h) >
         r->w->srv->cfg->server.header_memory_bytes + response_header_max(r->w->srv->cfg)) {
-        idem_headers_clear(&h);
         respond_problem(r, 431, "headers-too-large", "Request header fields too large",
                         "this key's stored answer has too large a header block to be sent "
                         "with this request's headers; retry with fewer or smaller headers",
                         "rejected", 0, false);
-        return;
+        goto out;
     }
-    if (!budget_take(r, len, false)) {
-        idem_headers_clear(&h);
-        respond_oom(r, BUDGET_REPLAY, false);
-        return;
-    }
-    resp = MHD_create_response_from_buffer(len, len ? body : (void *)"",
-                                           len ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (resp != NULL && len > 0) {
-        rec->body = NULL; /* now owned by the response */
-        rec->body_len = 0;
+    if (body != NULL) {
+        /* The response holds the reference until libmicrohttpd has sent
+         * it (and frees it with the response); the bytes are never
+         * written. */
+        resp = MHD_create_response_from_buffer_with_free_callback_cls(
+            replay_body_len(body), (void *)replay_body_data(body), replay_body_put, body);
+        if (resp != NULL)
+            body = NULL;
+    } else {
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     }
     if (resp != NULL) {
         add_headers(resp, &h);
         MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     }
-    idem_headers_clear(&h);
     respond(r, resp, rec->status, "replayed");
+out:
+    replay_body_put(body);
+    idem_headers_clear(&h);
+}
+
+/* Takes a reference to the shared copy of the body of rec, a writer's
+ * copy of the record, which becomes the shared one unless a replay of this
+ * record holds one already. False when the request was answered instead:
+ * 503 out-of-memory, the copy did not fit in server.max_buffered. */
+static bool replay_body_adopt(struct request *r, struct store_record *rec, struct replay_body **out)
+{
+    int rc = REPLAY_SHARE_OK;
+
+    *out = NULL;
+    if (rec->body_len > 0)
+        rc = replay_share_adopt(r->w->srv->shares, r->record_key, rec, out);
+    if (rc == REPLAY_SHARE_FULL)
+        respond_oom(r, BUDGET_REPLAY, false);
+    else if (rc != REPLAY_SHARE_OK)
+        respond_oom(r, "the proxy ran out of memory reading this key's stored answer; retry",
+                    false);
+    return rc == REPLAY_SHARE_OK;
 }
 
 static void suspend(struct request *r)
@@ -1879,19 +1900,52 @@ static void drop_waiter(struct request *r)
     respond(r, NULL, 0, "aborted");
 }
 
+/* What lookup() takes out of the store's read transaction (see
+ * lookup_view()). */
+struct lookup_result {
+    struct request *r;
+    enum idem_lookup_action action;
+    struct store_record rec;  /* without its body; headers copied for a replay */
+    struct replay_body *body; /* IDEM_LOOKUP_REPLAY: the shared copy */
+    int share_rc;             /* replay_share_get(), or REPLAY_SHARE_ENOMEM for the headers' copy */
+};
+
+/* store_view()'s callback: decides with the record as stored and copies
+ * only what the answer needs; a replay takes a reference to the stored
+ * body's shared copy, made now unless another replay of this very
+ * record holds one already (replay_share.h), so N clients replaying one
+ * answer hold it once. */
+static void lookup_view(const struct store_record *rec, void *ctx)
+{
+    struct lookup_result *lr = ctx;
+    struct request *r = lr->r;
+
+    lr->action = idem_decide_lookup(rec, &r->fp, real_ms(), lease_ms());
+    lr->rec = *rec;
+    lr->rec.headers = NULL;
+    lr->rec.headers_len = 0;
+    lr->rec.body = NULL;
+    lr->rec.body_len = 0;
+    if (lr->action != IDEM_LOOKUP_REPLAY)
+        return;
+    if (rec->headers_len > 0) {
+        lr->rec.headers = malloc(rec->headers_len);
+        if (lr->rec.headers == NULL) {
+            lr->share_rc = REPLAY_SHARE_ENOMEM;
+            return;
+        }
+        memcpy(lr->rec.headers, rec->headers, rec->headers_len);
+        lr->rec.headers_len = rec->headers_len;
+    }
+    if (rec->body_len > 0)
+        lr->share_rc = replay_share_get(r->w->srv->shares, r->record_key, rec, &lr->body);
+}
+
 /* Reads the record without the writer and acts on it. */
 static void lookup(struct request *r)
 {
-    struct store_record rec = {0};
-    int rc;
-
-    /* The store hands out a copy of a stored answer: past the bound, not
-     * even that (nothing would be forwarded or replayed anyway). */
-    if (budget_over(r)) {
-        respond_oom(r, BUDGET_FULL, false);
-        return;
-    }
-    rc = store_get(r->w->srv->store, r->record_key, &rec);
+    struct lookup_result lr = {.r = r};
+    int rc = store_view(r->w->srv->store, r->record_key, lookup_view, &lr);
 
     if (rc == STORE_ENOMEM) {
         respond_oom(r, "the proxy ran out of memory reading this key's record; nothing was "
@@ -1903,18 +1957,34 @@ static void lookup(struct request *r)
         respond_unavailable(r, "the record store could not be read");
         goto out;
     }
-    switch (idem_decide_lookup(&rec, &r->fp, real_ms(), lease_ms())) {
+    /* Past the bound nothing is forwarded, and a replay only when it
+     * shares a copy other replays hold (it adds nothing). */
+    if (lr.action == IDEM_LOOKUP_REPLAY && lr.share_rc == REPLAY_SHARE_FULL) {
+        respond_oom(r, BUDGET_REPLAY, false);
+        goto out;
+    }
+    if (lr.action != IDEM_LOOKUP_REPLAY && budget_over(r)) {
+        respond_oom(r, BUDGET_FULL, false);
+        goto out;
+    }
+    switch (lr.action) {
     case IDEM_LOOKUP_REPLAY:
-        respond_replay(r, &rec);
+        if (lr.share_rc != REPLAY_SHARE_OK) {
+            respond_oom(r, "the proxy ran out of memory reading this key's stored answer; retry",
+                        false);
+            break;
+        }
+        respond_replay(r, &lr.rec, lr.body);
+        lr.body = NULL;
         break;
     case IDEM_LOOKUP_MISMATCH:
         respond_mismatch(r);
         break;
     case IDEM_LOOKUP_BUSY:
-        begin_or_continue_wait(r, rec.lease_expires_ms);
+        begin_or_continue_wait(r, lr.rec.lease_expires_ms);
         break;
     case IDEM_LOOKUP_HELD:
-        respond_held(r, rec.lease_expires_ms);
+        respond_held(r, lr.rec.lease_expires_ms);
         break;
     case IDEM_LOOKUP_ACQUIRE:
         if (r->state == RS_WAITING && waiter_gone(r)) {
@@ -1936,7 +2006,8 @@ static void lookup(struct request *r)
         break;
     }
 out:
-    store_record_clear(&rec);
+    replay_body_put(lr.body);
+    store_record_clear(&lr.rec);
 }
 
 static void on_job(struct request *r, struct writer_job *j)
@@ -2018,10 +2089,16 @@ static void on_job(struct request *r, struct writer_job *j)
                 submit_settle(r, STORE_OP_RELEASE, 0);
             }
             break;
-        case STORE_REPLAY:
-            respond_replay(r, &j->op.replay);
+        case STORE_REPLAY: {
+            /* Completed between lookup() and this acquire: the writer's
+             * copy becomes the shared one, unless a replay of this record
+             * holds one already. */
+            struct replay_body *body = NULL;
+            if (replay_body_adopt(r, &j->op.replay, &body))
+                respond_replay(r, &j->op.replay, body);
             store_record_clear(&j->op.replay);
             break;
+        }
         case STORE_BUSY:
             if (j->op.held)
                 respond_held(r, j->op.lease_expires_ms);
@@ -3837,7 +3914,8 @@ int proxy_server_start(const struct config *cfg, struct store *st, struct proxy_
     srv->n_workers = n;
     srv->upstream_base = strdup(cfg->upstream.url);
     srv->workers = calloc(n, sizeof(*srv->workers));
-    if (srv->upstream_base == NULL || srv->workers == NULL) {
+    srv->shares = replay_share_new(&srv->buffered, srv->max_buffered);
+    if (srv->upstream_base == NULL || srv->workers == NULL || srv->shares == NULL) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -3941,6 +4019,7 @@ fail:
         free(srv->workers);
         free(srv->upstream_base);
         upstream_origin_free(srv->origin);
+        replay_share_free(srv->shares); /* every response is gone */
         ip_table_free(srv);
         free(srv);
     }
@@ -4022,6 +4101,7 @@ int proxy_server_join(struct proxy_server *srv)
     free(srv->workers);
     free(srv->upstream_base);
     upstream_origin_free(srv->origin);
+    replay_share_free(srv->shares); /* every response is gone */
     ip_table_free(srv);
     free(srv);
     return 0;

@@ -41,7 +41,7 @@ import unittest
 import chaoslib
 from chaoslib import harness
 from harness import in_thread
-from test_slow_disk import slowdisk_lib
+from test_slow_disk import SlowDiskProxies
 
 TEST = "stall_outlasts_drain"
 DRAIN_S = 2.0
@@ -54,42 +54,16 @@ MEASURE_S = 30.0
 EXIT_STORE = 75
 
 
-class StallOutlastsDrain(harness.ProxyTestCase):
-    def start_slow_proxy(self, store=None):
-        self.stall_file = os.path.join(self.workdir, "stall")
-        self.stats_file = os.path.join(self.workdir, "slowdisk.stats")
-        env = dict(os.environ)
-        env["LD_PRELOAD"] = " ".join(filter(None, [slowdisk_lib(), env.get("LD_PRELOAD")]))
-        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
-                                                      "verify_asan_link_order=0"]))
-        env["SLOWDISK_STALL_FILE"] = self.stall_file
-        env["SLOWDISK_STATS"] = self.stats_file
-        config = self.config(routes=[self.route(lease="5s", heartbeat="1s", wait="10s")],
-                             timeout="20s", store=store,
-                             server={"drain_timeout": "%gs" % DRAIN_S})
-        p = harness.Proxy(self.workdir, config, "slow", env=env)
-        self.proxies.append(p)
-        return p.start()
-
-    def stall(self):
-        with open(self.stall_file, "w"):
-            pass
-        self.note("stall begins")
-
-    def unstall(self):
-        try:
-            os.unlink(self.stall_file)
-            self.note("stall ends")
-        except FileNotFoundError:
-            pass
+class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
+    def start_drain_proxy(self, store=None):
+        return self.start_slow_proxy(
+            routes=[self.route(lease="5s", heartbeat="1s", wait="10s")], store=store,
+            server={"drain_timeout": "%gs" % DRAIN_S})
 
     def stalled_flushes(self):
         """Flushes that ended after a stall (the count is written when one
         ends: a process that exits mid-stall leaves none)."""
-        if not os.path.exists(self.stats_file):
-            return 0
-        with open(self.stats_file) as f:
-            return int(dict(kv.split("=") for kv in f.read().split())["stalled"])
+        return int(self.stats().get("stalled", 0))
 
     def assertStallHeld(self, proxy, rc, still_stalled):
         """The stall is what the exit met: the process exited mid-stall
@@ -121,7 +95,7 @@ class StallOutlastsDrain(harness.ProxyTestCase):
     def sigterm_during_stall(self, stall_s):
         """stall_s: the stall's length from its start; None: it lasts until
         the process has exited."""
-        proxy = self.start_slow_proxy()
+        proxy = self.start_drain_proxy()
         done_key, new_key = "stall-complete", "stall-acquire"
         done = in_thread(self.post, proxy, done_key, headers=[("X-Test-Delay-Ms", "1500")],
                          timeout=60)
@@ -194,7 +168,7 @@ class StallOutlastsDrain(harness.ProxyTestCase):
     def test_nothing_in_flight_interval_sync_stalled(self):
         """durability "interval": the writer's periodic sync is the stalled
         flush, and nothing is in flight. The stop used to wait for it."""
-        proxy = self.start_slow_proxy(store={"durability": "interval",
+        proxy = self.start_drain_proxy(store={"durability": "interval",
                                              "sync_interval": "200ms"})
         self.assertExecuted(self.post(proxy, "stall-before"))
         self.stall()

@@ -76,9 +76,9 @@ def free_port():
                 return port
 
 
-def huge_body(n):
-    """The body the upstream's `huge` fault sends for X-Test-Size: n."""
-    pattern = b"0123456789abcdef"
+def huge_body(n, pattern=b"0123456789abcdef"):
+    """The body the upstream's `huge` fault sends for X-Test-Size: n (and
+    X-Test-Pattern: pattern, 16 bytes)."""
     return (pattern * (n // len(pattern) + 1))[:n]
 
 

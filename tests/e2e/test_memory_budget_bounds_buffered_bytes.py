@@ -90,17 +90,21 @@ class MemoryBudget(harness.ProxyTestCase):
             return c.read_response()
 
     def test_replays_past_the_budget_get_503(self):
-        # A 6 MiB stored answer replayed to clients that do not read yet:
-        # each replay holds its copy until it is sent, so 16 MiB holds two.
+        # Five 6 MiB stored answers, each replayed to a client that does not
+        # read yet: each replay holds its answer's copy until it is sent, so
+        # 16 MiB holds two. (Replays of one answer share one copy:
+        # test_concurrent_replays_share_one_copy.)
         proxy = self.start_proxy(config=self.config_with("16MiB"))
         size = 6 * MIB
         hdrs = [("X-Test-Fault", "huge"), ("X-Test-Size", str(size))]
-        first = self.post(proxy, "big-answer", headers=hdrs, timeout=20)
-        self.assertEqual(first.status, 201, first)
-        self.assertEqual(first.body, harness.huge_body(size))
+        keys = ["big-answer-%d" % i for i in range(5)]
+        for key in keys:
+            first = self.post(proxy, key, headers=hdrs, timeout=20)
+            self.assertEqual(first.status, 201, first)
+            self.assertEqual(first.body, harness.huge_body(size))
 
         conns = []
-        for _ in range(5):
+        for key in keys:
             c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
             c.settimeout(20)
@@ -108,7 +112,7 @@ class MemoryBudget(harness.ProxyTestCase):
             c.sendall(harness.build_request(
                 "POST", "/v1/payments",
                 [("Host", "x"), ("Content-Type", "application/json"),
-                 ("Idempotency-Key", "big-answer")] + hdrs, harness.PAYMENT_BODY))
+                 ("Idempotency-Key", key)] + hdrs, harness.PAYMENT_BODY))
             conns.append(c)
         # Every replay answered (or refused) while none is read yet.
         time.sleep(2)
@@ -129,10 +133,11 @@ class MemoryBudget(harness.ProxyTestCase):
         self.note("replay statuses %s", statuses)
         self.assertLessEqual(statuses.count(201), 2, statuses)
         self.assertGreaterEqual(statuses.count(503), 3, statuses)
-        self.assertEqual(self.upstream.count("big-answer"), 1)
+        for key in keys:
+            self.assertEqual(self.upstream.count(key), 1)
         # Given back: replays one after another all fit.
-        for _ in range(3):
-            r = self.post(proxy, "big-answer", headers=hdrs, timeout=20)
+        for key in keys:
+            r = self.post(proxy, key, headers=hdrs, timeout=20)
             self.assertEqual(r.status, 201, r)
             self.assertTrue(r.replayed, r)
 

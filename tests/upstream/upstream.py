@@ -22,7 +22,9 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 reset            close with SO_LINGER 0 (the peer sees a RST)
                 close-mid-body   Content-Length 100, send 10 bytes, close
                 drip             send the response 1 byte per X-Test-Drip-Ms (1000)
-                huge             body of X-Test-Size bytes (default 20 MiB)
+                huge             body of X-Test-Size bytes (default 20 MiB): the
+                                 16-byte pattern 0123456789abcdef repeated, or the
+                                 16 bytes of X-Test-Pattern
                 big-headers      X-Test-Size bytes (default 64 KiB) of extra
                                  response headers, 1 KiB each
                 bad-framing      both Transfer-Encoding: chunked and Content-Length
@@ -80,10 +82,11 @@ HUGE_DEFAULT_BYTES = 20 * 1024 * 1024
 HUGE_PATTERN = b"0123456789abcdef"
 
 
-def huge_body(size):
-    """The body `huge` sends: HUGE_PATTERN repeated, cut at size bytes."""
-    reps = size // len(HUGE_PATTERN) + 1
-    return (HUGE_PATTERN * reps)[:size]
+def huge_body(size, pattern=HUGE_PATTERN):
+    """The body `huge` sends: pattern (HUGE_PATTERN, or X-Test-Pattern)
+    repeated, cut at size bytes."""
+    reps = size // len(pattern) + 1
+    return (pattern * reps)[:size]
 
 
 class BadRequest(Exception):
@@ -417,7 +420,8 @@ class Upstream:
             headers[1] = ("Content-Type", "application/octet-stream")
             writer.write(response_head(status, headers + [("Content-Length", str(size))]))
             if req.method != "HEAD":
-                chunk = huge_body(64 * 1024)
+                pattern = (req.header("x-test-pattern") or "").encode("latin-1")
+                chunk = huge_body(64 * 1024, pattern if len(pattern) == 16 else HUGE_PATTERN)
                 sent = 0
                 while sent < size:
                     n = min(len(chunk), size - sent)
