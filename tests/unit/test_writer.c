@@ -229,6 +229,23 @@ static struct writer *start(struct fixture *f)
     return w;
 }
 
+/* Submits gate (an acquire) and returns once the writer is waiting in its
+ * delivery, the gate closed: jobs submitted now queue behind it. */
+static void hold_writer_in_gate(struct fixture *f, struct writer *w, struct writer_job *gate)
+{
+    pthread_mutex_lock(&f->lock);
+    f->gate_armed = true;
+    f->gate_closed = true;
+    pthread_mutex_unlock(&f->lock);
+    prep_acquire(&gate->op, "gate", 86400000);
+    writer_submit(w, gate);
+    pthread_mutex_lock(&f->lock);
+    while (!f->in_gate) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
 /* Waits until the writer has purged want records or the deadline passes. */
 static uint64_t wait_purged(struct writer *w, uint64_t want, int64_t deadline_ms)
 {
@@ -365,17 +382,7 @@ static void test_damaged_record_fails_only_its_own_op(void **state)
 
     /* The three jobs queue while the writer waits in a delivery. */
     w = start(f);
-    pthread_mutex_lock(&f->lock);
-    f->gate_armed = true;
-    f->gate_closed = true;
-    pthread_mutex_unlock(&f->lock);
-    prep_acquire(&gate.op, "gate", 86400000);
-    writer_submit(w, &gate);
-    pthread_mutex_lock(&f->lock);
-    while (!f->in_gate) {
-        pthread_cond_wait(&f->cond, &f->lock);
-    }
-    pthread_mutex_unlock(&f->lock);
+    hold_writer_in_gate(f, w, &gate);
 
     memset(jobs, 0, sizeof(jobs));
     jobs[0].op = a[0];
@@ -427,18 +434,8 @@ static void test_stop_by_gives_up_on_a_held_writer(void **state)
     int64_t t0;
     int64_t took;
 
-    pthread_mutex_lock(&f->lock);
-    f->gate_armed = true;
-    f->gate_closed = true;
-    pthread_mutex_unlock(&f->lock);
     memset(&gate, 0, sizeof(gate));
-    prep_acquire(&gate.op, "gate", 86400000);
-    writer_submit(w, &gate);
-    pthread_mutex_lock(&f->lock);
-    while (!f->in_gate) {
-        pthread_cond_wait(&f->cond, &f->lock);
-    }
-    pthread_mutex_unlock(&f->lock);
+    hold_writer_in_gate(f, w, &gate);
     memset(&late, 0, sizeof(late));
     prep_acquire(&late.op, "late", 86400000);
     writer_submit(w, &late);
