@@ -225,6 +225,7 @@ struct request {
     int resp_status;
     uint8_t *resp_body;
     size_t resp_len, resp_cap;
+    struct shared_answer *resp_shared; /* resp_body, shared with the response */
     bool resp_too_large;
     bool upstream_no_memory;     /* the exchange failed for want of our memory */
     bool resp_headers_too_large; /* the header block, not the body */
@@ -575,6 +576,28 @@ static bool budget_over(const struct request *r)
     return atomic_load(&r->w->srv->buffered) > r->w->srv->max_buffered;
 }
 
+/*
+ * An upstream's answer, sent to the client by libmicrohttpd straight from
+ * the request's buffer, which the complete job also reads: the request and
+ * the response each hold a reference, and the last one frees it. So the
+ * answer is held once, not copied for libmicrohttpd (which can keep a
+ * response a little past request_free(), until it closes the connection).
+ */
+struct shared_answer {
+    atomic_uint refs;
+    uint8_t *data;
+};
+
+static void shared_answer_put(void *cls)
+{
+    struct shared_answer *a = cls;
+
+    if (a != NULL && atomic_fetch_sub(&a->refs, 1) == 1) {
+        free(a->data);
+        free(a);
+    }
+}
+
 static void request_free(struct request *r)
 {
     if (r == NULL)
@@ -601,7 +624,10 @@ static void request_free(struct request *r)
     if (r->charged > 0)
         atomic_fetch_sub(&r->w->srv->buffered, r->charged);
     free(r->store_headers);
-    free(r->resp_body);
+    if (r->resp_shared != NULL)
+        shared_answer_put(r->resp_shared); /* and resp_body with it, if last */
+    else
+        free(r->resp_body);
     free(r->body);
     free(r->scope);
     free(r->key);
@@ -1612,20 +1638,35 @@ static struct MHD_Response *response_from_upstream(struct request *r)
 {
     struct MHD_Response *resp;
     int64_t size = bodiless_content_length(r);
+    struct shared_answer *a = NULL;
 
     /* libmicrohttpd writes Content-Length from the response's size and
      * sends no body to HEAD or with a 304, so a size without a body is how
      * the upstream's value gets through (it wrote 0 before). */
-    if (size >= 0)
+    if (size < 0 && r->resp_len > 0)
+        a = malloc(sizeof(*a));
+    if (size >= 0) {
         resp = MHD_create_response_from_callback((uint64_t)size, 4096, no_body, NULL, NULL);
-    else
+    } else if (a != NULL) {
+        atomic_init(&a->refs, 2); /* the request's and the response's */
+        a->data = r->resp_body;
+        resp = MHD_create_response_from_buffer_with_free_callback_cls(r->resp_len, r->resp_body,
+                                                                      shared_answer_put, a);
+        if (resp == NULL)
+            free(a);
+        else
+            r->resp_shared = a;
+    } else {
+        /* An empty body, or no memory to share it: libmicrohttpd's copy,
+         * counted until the answer is sent. */
         resp = MHD_create_response_from_buffer(r->resp_len,
                                                r->resp_len ? r->resp_body : (void *)"",
                                                MHD_RESPMEM_MUST_COPY);
+        if (resp != NULL)
+            budget_take(r, r->resp_len, true);
+    }
     if (resp == NULL)
         return NULL;
-    if (size < 0)
-        budget_take(r, r->resp_len, true); /* the copy, until the answer is sent */
     idem_response_headers_each(&r->resp_headers, NULL, add_mhd_header, resp);
     return resp;
 }
