@@ -195,6 +195,7 @@ struct request {
     uint64_t charged;      /* of server.max_buffered: returned by request_free() */
     uint64_t body_charged; /* of which for the body: its Content-Length, or body_cap */
     bool resp_cap_charged; /* resp_body's growth was charged as it came */
+    uint64_t store_charged; /* of charged: the store's copy of a complete, until it is delivered */
     bool budget_full;      /* oom: server.max_buffered, not a failed allocation */
     bool body_too_large;
     size_t body_discarded;
@@ -1105,6 +1106,11 @@ static void submit_settle(struct request *r, enum store_op_kind kind, int status
         j->op.headers.len = r->store_headers_len;
         j->op.body.ptr = r->resp_body;
         j->op.body.len = r->resp_len;
+        /* LMDB writes the record into dirty pages it allocates (no
+         * MDB_WRITEMAP), a second copy of the answer until the commit:
+         * counted (never refused: the action ran) until the job is back. */
+        r->store_charged = (uint64_t)r->resp_len + r->store_headers_len;
+        budget_take(r, r->store_charged, true);
     } else if (kind == STORE_OP_EXTEND) {
         j->op.lease_ms = r->route->ttl_ms; /* the record is held until its TTL */
         j->op.hold = true;
@@ -2064,6 +2070,12 @@ static void on_job(struct request *r, struct writer_job *j)
         return;
     }
     r->job_pending = false;
+    if (r->store_charged > 0) {
+        /* Committed or not, the store's copy is gone. */
+        atomic_fetch_sub(&r->w->srv->buffered, r->store_charged);
+        r->charged -= r->store_charged;
+        r->store_charged = 0;
+    }
     if (j->op.kind == STORE_OP_ACQUIRE && j->error == 0 && j->op.outcome == STORE_ACQUIRED) {
         /* The writer took it for live (no acquire of this process steals
          * it, however late its heartbeat) until request_free forgets it. */
