@@ -86,6 +86,9 @@
  * those answers one more grace; the writer gets until then too
  * (proxy_server_join). */
 #define DRAIN_GRACE_MS 1000
+/* What the writer gets at the stop beyond the workers' last grace, to hand
+ * back what it just finished (proxy_server_join). */
+#define WRITER_LAST_MS 250
 
 /* What an epoll event is about: data.u64 = kind | fd << 8. */
 enum ep_kind { EP_MHD = 1, EP_INBOX, EP_CURL, EP_LINGER, EP_UPSTREAM };
@@ -2041,6 +2044,15 @@ static void lookup(struct request *r)
             break;
         }
         set_waiting(r, false);
+        if (r->w->drain_forced) {
+            /* Past the drain's deadline: an acquire now would queue behind
+             * whatever holds the store up, and the worker stops within a
+             * second, closing this connection unanswered. */
+            r->problem = "shutting-down";
+            respond(r, make_shutting_down("the proxy is stopping; nothing was forwarded; retry"),
+                    503, "unavailable");
+            break;
+        }
         submit_acquire(r);
         suspend(r);
         break;
@@ -3353,7 +3365,20 @@ static void give_up_store_waits(struct worker *w)
             if (r->state == RS_ACQUIRING) {
                 detail = "the proxy stopped before the record store took this key "
                          "(server.drain_timeout); nothing was forwarded; retry";
-            } else if (r->job.op.kind == STORE_OP_COMPLETE) {
+            } else if (r->job.op.kind == STORE_OP_RELEASE && r->response != NULL) {
+                /* A release settles nothing the client is promised: its
+                 * answer (the upstream's 5xx, or the proxy's 502/504 that
+                 * says whether anything was sent) is true whether or not the
+                 * release lands; if it does not, the key is freed when its
+                 * lease ends. A 503 "retry" would hide that it was sent. */
+                struct MHD_Response *resp = r->response;
+                r->response = NULL;
+                r->store_abandoned = true;
+                respond(r, resp, r->response_status, r->outcome);
+                n++;
+                r = next;
+                continue;
+            } else if (r->job.op.kind == STORE_OP_COMPLETE || r->job.op.kind == STORE_OP_EXTEND) {
                 detail = "the action ran, but the proxy stopped before the record store "
                          "had stored its result (server.drain_timeout): a retry gets the "
                          "result if the store took it after all, or, once the key's lease "
@@ -4123,6 +4148,8 @@ static void free_abandoned(struct worker *w)
 
 int proxy_server_join(struct proxy_server *srv)
 {
+    int64_t by;
+
     for (unsigned i = 0; i < srv->n_workers; i++)
         pthread_join(srv->workers[i].thread, NULL);
     for (unsigned i = 0; i < srv->n_workers; i++) {
@@ -4135,14 +4162,20 @@ int proxy_server_join(struct proxy_server *srv)
      * workers gave the store: a commit still waiting for the disk then
      * would hold up the exit for as long as the disk takes, which is
      * unbounded (a cloud volume's stall, a dead device). */
-    if (writer_stop_by(srv->writer, srv->stop_ms + srv->cfg->server.drain_timeout_ms +
-                                        2 * DRAIN_GRACE_MS) != 0) {
+    by = srv->stop_ms + srv->cfg->server.drain_timeout_ms + 2 * DRAIN_GRACE_MS;
+    /* The workers stop at that time at the earliest, so the writer gets a
+     * moment of its own: one idle, or that just delivered, stops in it,
+     * and only a commit still in the disk makes the exit 75. */
+    if (by < idem_mono_ms() + WRITER_LAST_MS)
+        by = idem_mono_ms() + WRITER_LAST_MS;
+    if (writer_stop_by(srv->writer, by) != 0) {
         /* The writer may still deliver into the workers, which must stay
          * as they are: leave everything allocated for the exit. */
         close(srv->listen_lock_fd);
         proxy_access_log_free(srv->access_log, ACCESS_LOG_STOP_FLUSH_MS);
         return PROXY_STORE_STUCK;
     }
+    srv->writer = NULL; /* freed: request_free() of an abandoned request forgets no lease */
     for (unsigned i = 0; i < srv->n_workers; i++) {
         free_abandoned(&srv->workers[i]);
         worker_fini(&srv->workers[i]);

@@ -55,10 +55,10 @@ EXIT_STORE = 75
 
 
 class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
-    def start_drain_proxy(self, store=None):
+    def start_drain_proxy(self, store=None, **server):
         return self.start_slow_proxy(
             routes=[self.route(lease="5s", heartbeat="1s", wait="10s")], store=store,
-            server={"drain_timeout": "%gs" % DRAIN_S})
+            server=dict({"drain_timeout": "%gs" % DRAIN_S}, **server))
 
     def stalled_flushes(self):
         """Flushes that ended after a stall (the count is written when one
@@ -135,9 +135,16 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
         self.assertStallHeld(proxy, rc, still_stalled)
         self.assertTrue(check.ok, check)
 
-        # The new key: nothing forwarded, the client told to retry.
+        # The new key: nothing forwarded, the client told to retry. At exit
+        # 0 every store write came back, so an acquire that landed after
+        # its client's 503 was released again; at 75 it may stay, held by
+        # a lease that ends.
         self.assertEqual(self.upstream.count(new_key), 0)
         self.assertProblem(new_r, 503)
+        if rc == 0:
+            self.assertIsNone(new_rec, "the late acquire was not released: %r" % (new_rec,))
+        else:
+            self.assertTrue(new_rec is None or new_rec["state"] == "in_progress", new_rec)
         self.assertTrue(new_r.json()["type"].endswith(":shutting-down"), new_r)
         # The running action: its answer only if the store holds it
         # (durability "sync"); else 503, saying that it ran.
@@ -152,6 +159,52 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
             self.assertIn("the action ran", done_r.json()["detail"])
         self.assertIsNotNone(done_rec, "the running action's record is gone: a retry would "
                              "run it again at once")
+
+    def test_answers_in_the_second_before_the_stop(self):
+        """Two requests in the second between the 503s and the stop, on one
+        event loop (server.workers 1), the disk stalled throughout:
+          released  its upstream answered 500 during the drain, and the
+                    release of its record waits behind the stall: it gets
+                    that 500 (true whether or not the release lands), not a
+                    503 "retry" that hid that it had been sent;
+          late      a new key sent on a connection kept alive from before
+                    SIGTERM, after the 503s: 503 shutting-down at once, where
+                    its acquire used to queue behind the stall and the stop
+                    closed its connection unanswered."""
+        proxy = self.start_drain_proxy(workers=1)
+        conn = harness.Conn(proxy.port, timeout=30)
+        self.addCleanup(conn.close)
+        json_key = [("Content-Type", "application/json")]
+        self.assertExecuted(conn.request("POST", "/v1/payments",
+                                         json_key + [("Idempotency-Key", "keep-alive")],
+                                         harness.PAYMENT_BODY))
+        released = in_thread(self.post, proxy, "stall-500",
+                             headers=[("X-Test-Delay-Ms", "1500"), ("X-Test-Status", "500")],
+                             timeout=60)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("stall-500") == 1, 5))
+        self.stall()
+        self.addCleanup(self.unstall)
+        t0 = time.monotonic()
+        proxy.terminate()
+        self.note("SIGTERM")
+        time.sleep(DRAIN_S + 1.4 - (time.monotonic() - t0))  # the 503s came at +3 s
+        late = conn.request("POST", "/v1/payments",
+                            json_key + [("Idempotency-Key", "stall-late")], harness.PAYMENT_BODY)
+        late_s = time.monotonic() - t0
+        rc, exit_s = self.wait_exit(proxy, t0)
+        self.unstall()
+        released = released.result(30)
+        self.note("late answered at %.2f s; exit %r at %.2f s; released: %d", late_s, rc, exit_s,
+                  released.status)
+        chaoslib.figure(TEST + "_last_second", late_s=round(late_s, 2), exit_s=round(exit_s, 2),
+                        status=rc, released=released.status, late=late.status)
+        self.assertEqual(released.status, 500, released)
+        self.assertFalse(released.replayed, released)
+        self.assertProblem(late, 503)
+        self.assertIn(b"shutting-down", late.body)
+        self.assertLess(late_s, DRAIN_S + 2.0 + 0.5, "the late request waited for the stop")
+        self.assertEqual(self.upstream.count("stall-late"), 0)
+        self.assertLess(exit_s, EXIT_BOUND_S)
 
     def test_stall_ends_after_the_bound(self):
         self.sigterm_during_stall(EXIT_BOUND_S + 3.0)
