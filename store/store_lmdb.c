@@ -1766,12 +1766,26 @@ static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
     return lmdb_apply_purge(impl, ops, n, 0, &purged, &more);
 }
 
+/* key's record as reads see it (get, view): a COMPLETE record past its TTL
+ * is absent even before a purge. */
+static int load_visible(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
+                        struct store_record_view *v, bool *found)
+{
+    enum rec_table where = REC_NONE;
+    int rc = record_load(s, txn, key, v, found, &where, false);
+
+    if (rc == STORE_OK && *found && v->state == STORE_STATE_COMPLETE &&
+        v->expires_ms <= now_ms(s)) {
+        *found = false;
+    }
+    return rc;
+}
+
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
 {
     struct lmdb_store *s = impl;
     MDB_txn *txn = NULL;
     struct store_record_view v;
-    enum rec_table where = REC_NONE;
     bool found = false;
     int rc;
 
@@ -1780,10 +1794,8 @@ static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = record_load(s, txn, key, &v, &found, &where, false);
-    /* A COMPLETE record past its TTL is absent even before a purge. */
-    if (rc == STORE_OK && found &&
-        !(v.state == STORE_STATE_COMPLETE && v.expires_ms <= now_ms(s))) {
+    rc = load_visible(s, txn, key, &v, &found);
+    if (rc == STORE_OK && found) {
         rc = store_record_copy(&v, out); /* the value dies with the txn */
     }
     read_end(s, txn);
@@ -1797,7 +1809,6 @@ static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_
     MDB_txn *txn = NULL;
     struct store_record_view v;
     struct store_record rec;
-    enum rec_table where = REC_NONE;
     bool found = false;
     int rc;
 
@@ -1806,11 +1817,9 @@ static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = record_load(s, txn, key, &v, &found, &where, false);
-    /* As lmdb_get(): a COMPLETE record past its TTL is absent. The spans
-     * borrow from the map, valid until read_end(). */
-    if (rc == STORE_OK && found &&
-        !(v.state == STORE_STATE_COMPLETE && v.expires_ms <= now_ms(s))) {
+    rc = load_visible(s, txn, key, &v, &found);
+    /* The spans borrow from the map, valid until read_end(). */
+    if (rc == STORE_OK && found) {
         rec.state = v.state;
         memcpy(rec.lease_id, v.lease_id, STORE_LEASE_ID_BYTES);
         rec.lease_expires_ms = v.lease_expires_ms;
