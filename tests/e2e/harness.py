@@ -648,13 +648,15 @@ class ProxyTestCase(unittest.TestCase):
     maxDiff = None
 
     def setUp(self):
+        # notes and proxies first: _remove_workdir reads them, and an
+        # upstream that fails to start must show its own error, not theirs.
+        self.proxies = []
+        self.notes = []
         self.workdir = tempfile.mkdtemp(prefix="idemproxy-e2e-%s-" % self._testMethodName)
         self.addCleanup(self._remove_workdir)
         self.store_path = os.path.join(self.workdir, "store")
         self.upstream = Upstream(self.workdir).start()
         self.addCleanup(self._stop_upstream)
-        self.proxies = []
-        self.notes = []
 
     def note(self, fmt, *args):
         """A timestamped line printed if the test fails (timing evidence)."""
