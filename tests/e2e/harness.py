@@ -305,6 +305,31 @@ def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.
         return c.request(method, path, headers, body, chunked=chunked, **kw)
 
 
+def slow_post(proxy, key, headers=(), timeout=30):
+    """Sends a keyed POST on a connection with a small receive buffer that
+    reads nothing yet: a large answer stays in the proxy until
+    read_slow_post() takes it. Returns the socket."""
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    c.settimeout(timeout)
+    c.connect(("127.0.0.1", proxy.port))
+    c.sendall(build_request(
+        "POST", "/v1/payments",
+        [("Host", "x"), ("Content-Type", "application/json"), ("Idempotency-Key", key)]
+        + list(headers), PAYMENT_BODY))
+    return c
+
+
+def read_slow_post(proxy, c):
+    """The response to slow_post()'s request; closes the socket."""
+    conn = Conn.__new__(Conn)
+    conn.sock, conn.buf, conn.port, conn.host = c, b"", proxy.port, "127.0.0.1"
+    try:
+        return conn.read_response()
+    finally:
+        c.close()
+
+
 def raw_exchange(port, data, timeout=10.0):
     """Sends raw bytes; returns (response or None, closed_afterwards, extra):
     extra is whatever the server sent after the first response before

@@ -13,7 +13,6 @@ whose TTL ends and which runs again, is never replayed from the copy of its
 earlier answer, even while clients are still reading that one.
 """
 
-import socket
 import subprocess
 import time
 import unittest
@@ -33,29 +32,6 @@ def answer_size():
     except (OSError, ValueError, IndexError):
         wmem_max = 4 * MIB
     return max(6 * MIB, (wmem_max // MIB + 2) * MIB)
-
-
-def slow_replay(proxy, key, headers):
-    """Sends a duplicate on a connection that reads nothing yet: the answer
-    stays in the proxy until read_slow() takes it."""
-    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    c.settimeout(30)
-    c.connect(("127.0.0.1", proxy.port))
-    c.sendall(harness.build_request(
-        "POST", "/v1/payments",
-        [("Host", "x"), ("Content-Type", "application/json"), ("Idempotency-Key", key)]
-        + list(headers), harness.PAYMENT_BODY))
-    return c
-
-
-def read_slow(proxy, c):
-    conn = harness.Conn.__new__(harness.Conn)
-    conn.sock, conn.buf, conn.port, conn.host = c, b"", proxy.port, "127.0.0.1"
-    try:
-        return conn.read_response()
-    finally:
-        c.close()
 
 
 def without_date(resp):
@@ -87,7 +63,7 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
         self.assertEqual(ref.status, 201, ref)
         self.assertTrue(ref.replayed, ref)
 
-        conns = [slow_replay(proxy, "big", hdrs) for _ in range(12)]
+        conns = [harness.slow_post(proxy, "big", hdrs) for _ in range(12)]
         time.sleep(2)
         # The shared copy is counted: a 6 MiB replay of another record does
         # not fit next to it.
@@ -96,7 +72,7 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
         self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
         self.assertRetryAfter(late, minimum=1)
 
-        replies = [read_slow(proxy, c) for c in conns]
+        replies = [harness.read_slow_post(proxy, c) for c in conns]
         self.note("statuses %s", [r.status for r in replies])
         for r in replies:
             self.assertEqual(r.status, 201, r)
@@ -136,14 +112,14 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
             self.assertEqual(r.body, harness.huge_body(size, pat[i]))
 
         answers = [run(0)]
-        held = [[slow_replay(proxy, "k", self.huge(size, pat[0])) for _ in range(3)]]
+        held = [[harness.slow_post(proxy, "k", self.huge(size, pat[0])) for _ in range(3)]]
         time.sleep(1)
         rc = subprocess.run([harness.binary(), "forget-key", self.store_path,
                                      "payments", "k"], capture_output=True, timeout=30)
         self.assertEqual(rc.returncode, 0, rc.stderr)
         answers.append(run(1))
         self.assertEqual(self.upstream.count("k"), 2)
-        held.append([slow_replay(proxy, "k", self.huge(size, pat[0])) for _ in range(3)])
+        held.append([harness.slow_post(proxy, "k", self.huge(size, pat[0])) for _ in range(3)])
         replays_give(1, answers[1])
 
         time.sleep(3.5)  # the TTL of the second answer ends
@@ -153,7 +129,7 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
 
         for i, conns in enumerate(held):
             for c in conns:
-                r = read_slow(proxy, c)
+                r = harness.read_slow_post(proxy, c)
                 self.assertEqual(r.status, 201, r)
                 self.assertTrue(r.replayed, r)
                 self.assertEqual(r.charge_id, answers[i].charge_id)

@@ -11,7 +11,6 @@ key stays unused), and a replay that does not fit gets the same 503. What the
 refused requests took is given back: afterwards everything fits again.
 """
 
-import socket
 import threading
 import time
 import unittest
@@ -103,25 +102,12 @@ class MemoryBudget(harness.ProxyTestCase):
             self.assertEqual(first.status, 201, first)
             self.assertEqual(first.body, harness.huge_body(size))
 
-        conns = []
-        for key in keys:
-            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-            c.settimeout(20)
-            c.connect(("127.0.0.1", proxy.port))
-            c.sendall(harness.build_request(
-                "POST", "/v1/payments",
-                [("Host", "x"), ("Content-Type", "application/json"),
-                 ("Idempotency-Key", key)] + hdrs, harness.PAYMENT_BODY))
-            conns.append(c)
+        conns = [harness.slow_post(proxy, key, hdrs, timeout=20) for key in keys]
         # Every replay answered (or refused) while none is read yet.
         time.sleep(2)
         statuses = []
         for c in conns:
-            conn = harness.Conn.__new__(harness.Conn)
-            conn.sock, conn.buf, conn.port, conn.host = c, b"", proxy.port, "127.0.0.1"
-            r = conn.read_response()
-            c.close()
+            r = harness.read_slow_post(proxy, c)
             statuses.append(r.status)
             if r.status == 200 or r.status == 201:
                 self.assertTrue(r.replayed, r)

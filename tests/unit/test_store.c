@@ -1554,6 +1554,28 @@ static void meta_put(const char *path, const char *key, const void *value, size_
     raw_end(env, txn, false);
 }
 
+/* Closes the fixture's store and writes one meta record behind its back;
+ * *opt (when given) is set to reopen it as the fixture does. */
+static void closed_meta_put(struct fixture *f, const char *key, const void *value, size_t len,
+                            struct store_options *opt)
+{
+    store_close(f->st);
+    f->st = NULL;
+    meta_put(f->path, key, value, len);
+    if (opt != NULL) {
+        memset(opt, 0, sizeof(*opt));
+        opt->path = f->path;
+        opt->clock = &f->store_clock;
+    }
+}
+
+/* A stall's end as the store keeps it in meta: 8 bytes, little endian. */
+static void le64(int64_t v, uint8_t b[8])
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)v >> (8 * i));
+}
+
 /* A layout record that is not 4 bytes is reported as such at open, not
  * read as some layout. */
 static void test_malformed_layout_refused(void **state)
@@ -1563,12 +1585,7 @@ static void test_malformed_layout_refused(void **state)
     struct store_options opt;
     char err[256] = "";
 
-    store_close(f->st);
-    f->st = NULL;
-    meta_put(f->path, "layout", "\x02\x00\x00", 3);
-    memset(&opt, 0, sizeof(opt));
-    opt.path = f->path;
-    opt.clock = &f->store_clock;
+    closed_meta_put(f, "layout", "\x02\x00\x00", 3, &opt);
     assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_ECORRUPT);
     assert_null(st);
     assert_non_null(strstr(err, "layout record is malformed"));
@@ -1580,11 +1597,8 @@ static void stall_end_put(struct fixture *f, int64_t end)
 {
     uint8_t b[8];
 
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)((uint64_t)end >> (8 * i));
-    store_close(f->st);
-    f->st = NULL;
-    meta_put(f->path, "stall_end", b, sizeof(b));
+    le64(end, b);
+    closed_meta_put(f, "stall_end", b, sizeof(b), NULL);
     assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
 }
 
@@ -1645,12 +1659,7 @@ static void test_malformed_log_salt_replaced(void **state)
     struct store_stats stats;
     char err[256] = "";
 
-    store_close(f->st);
-    f->st = NULL;
-    meta_put(f->path, "log_salt", "abcde", 5);
-    memset(&opt, 0, sizeof(opt));
-    opt.path = f->path;
-    opt.clock = &f->store_clock;
+    closed_meta_put(f, "log_salt", "abcde", 5, &opt);
 
     opt.read_only = true;
     assert_int_equal(store_open(NULL, &opt, &st, err, sizeof(err)), STORE_OK);
@@ -1870,12 +1879,8 @@ static void stall_reaches_another_process(void **state, bool stale)
 
     use_lease_clock(f, 900000000, "boot-1");
     if (stale) {
-        int64_t e = 899999000;
-        for (int i = 0; i < 8; i++)
-            v[i] = (uint8_t)((uint64_t)e >> (8 * i));
-        store_close(f->st);
-        f->st = NULL;
-        meta_put(f->path, "stall_end", v, sizeof(v));
+        le64(899999000, v);
+        closed_meta_put(f, "stall_end", v, sizeof(v), NULL);
         meta_put(f->path, "lease_epoch", "boot-2", strlen("boot-2"));
     }
     use_lease_clock(f, 100000, "boot-2");
