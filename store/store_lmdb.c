@@ -575,8 +575,9 @@ static int write_begin(struct lmdb_store *s, MDB_txn **out)
     return rc;
 }
 
-/* LMDB_COMMIT of a transaction write_begin() began, noting a hold of the
- * writer lock long enough to be a stall (a flush that took seconds). */
+/* The end of a hold of the writer lock that began at began: published for
+ * the next taker (held_publish), and noted if long enough to be a stall (a
+ * flush that took seconds). */
 static void write_done(struct lmdb_store *s, int64_t began)
 {
     if (s->stall_ms > 0) {
@@ -588,6 +589,7 @@ static void write_done(struct lmdb_store *s, int64_t began)
     }
 }
 
+/* LMDB_COMMIT of a transaction write_begin() began. */
 static int write_commit(struct lmdb_store *s, MDB_txn *txn)
 {
     int64_t began = s->txn_began;
