@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -35,14 +36,25 @@
 #include "server.h"
 #include "store.h"
 
+/* Each command's synopsis: --help prints them all, a usage error the one
+ * of the command it is about. */
+#define USAGE_RUN                                                                                  \
+    "idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"               \
+    "       idemproxy --upstream URL [--listen HOST:PORT] [--store PATH]"
+#define USAGE_CHECK_CONFIG                                                                         \
+    "idemproxy check-config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]"
+#define USAGE_CHECK_STORE "idemproxy check-store PATH [--records]"
+#define USAGE_SHOW_KEY "idemproxy show-key PATH SCOPE KEY [--scope-header-value VALUE]"
+#define USAGE_FORGET_KEY                                                                           \
+    "idemproxy forget-key PATH SCOPE KEY [--scope-header-value VALUE] [--force]\n"                 \
+    "                 [--allow-shared-fs]"
+
 static const char usage[] =
-    "usage: idemproxy --config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
-    "       idemproxy --upstream URL [--listen HOST:PORT] [--store PATH]\n"
-    "       idemproxy check-config FILE [--listen HOST:PORT] [--upstream URL] [--store PATH]\n"
-    "       idemproxy check-store PATH [--records]\n"
-    "       idemproxy show-key PATH SCOPE KEY [--scope-header-value VALUE]\n"
-    "       idemproxy forget-key PATH SCOPE KEY [--scope-header-value VALUE] [--force]\n"
-    "                 [--allow-shared-fs]\n"
+    "usage: " USAGE_RUN "\n"
+    "       " USAGE_CHECK_CONFIG "\n"
+    "       " USAGE_CHECK_STORE "\n"
+    "       " USAGE_SHOW_KEY "\n"
+    "       " USAGE_FORGET_KEY "\n"
     "       idemproxy --help | --version\n"
     "\n"
     "A reverse proxy that gives an HTTP API Idempotency-Key semantics: the first\n"
@@ -71,6 +83,26 @@ static const char usage[] =
     "                     a network or FUSE file system only with --allow-shared-fs\n"
     "                     (as store.require_local_fs false); one of an older layout\n"
     "                     is refused, not upgraded under the proxies serving it\n";
+
+/*
+ * A mistake on the command line: "idemproxy: <what is wrong>", the synopsis
+ * of the command it is about and where the rest is, on stderr; exit status
+ * 2 (README, Command line). Not the whole --help text, which would bury the
+ * one line that says what is wrong.
+ */
+static int usage_error(const char *synopsis, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int usage_error(const char *synopsis, const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs("idemproxy: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nusage: %s\nTry 'idemproxy --help' for more information.\n", synopsis);
+    return 2;
+}
 
 /* The configuration the proxy would run with: FILE, then the command
  * line's overrides. Exit 1 when it could not run, the missing upstream
@@ -373,6 +405,14 @@ static int run(const char *config_path, const char *listen, const char *upstream
         rc = 1;
         goto out;
     }
+    if (cfg->upstream.url == NULL && upstream == NULL) {
+        fprintf(stderr,
+                "idemproxy: upstream: is required: set \"upstream\" in %s, or give --upstream "
+                "URL\n",
+                config_path);
+        rc = 1;
+        goto out;
+    }
     if (config_override(cfg, listen, upstream, store_path, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemproxy: %s\n", err);
         rc = 1;
@@ -547,24 +587,44 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
     size_t key_len = 0, scope_len = 0;
     struct config_route route;
     enum idem_key_status ks;
+    const char *cmd = forget ? "forget-key" : "show-key";
+    const char *synopsis = forget ? USAGE_FORGET_KEY : USAGE_SHOW_KEY;
     int rc = 2;
 
     memset(ka, 0, sizeof(*ka));
-    if (argc < 5) {
-        fputs(usage, stderr);
-        return 2;
+    /* The options come after PATH SCOPE KEY: one of them in their place
+     * would otherwise be taken for a scope or a key. */
+    for (int i = 2; i < argc && i < 5; i++) {
+        if (strcmp(argv[i], "--scope-header-value") == 0 || strcmp(argv[i], "--force") == 0 ||
+            strcmp(argv[i], "--allow-shared-fs") == 0)
+            return usage_error(synopsis, "%s: %s: the options come after PATH SCOPE KEY", cmd,
+                               argv[i]);
     }
+    if (argc < 5)
+        return usage_error(synopsis, "%s: needs PATH SCOPE KEY (%s missing)", cmd,
+                           argc == 2   ? "all three"
+                           : argc == 3 ? "SCOPE and KEY"
+                                       : "KEY");
     for (int i = 5; i < argc; i++) {
-        if (strcmp(argv[i], "--scope-header-value") == 0 && i + 1 < argc && scope_value == NULL) {
+        const char *a = argv[i];
+        if (strcmp(a, "--scope-header-value") == 0) {
+            if (i + 1 >= argc)
+                return usage_error(synopsis, "%s: needs a value", a);
+            if (scope_value != NULL)
+                return usage_error(synopsis, "%s: given twice", a);
             scope_value = argv[++i];
-        } else if (forget && strcmp(argv[i], "--force") == 0 && !ka->force) {
-            ka->force = true;
-        } else if (forget && strcmp(argv[i], "--allow-shared-fs") == 0 && !ka->allow_shared_fs) {
-            ka->allow_shared_fs = true;
+        } else if ((strcmp(a, "--force") == 0 || strcmp(a, "--allow-shared-fs") == 0) && !forget) {
+            return usage_error(synopsis, "%s: only with forget-key (show-key only reads)", a);
+        } else if (strcmp(a, "--force") == 0 || strcmp(a, "--allow-shared-fs") == 0) {
+            bool *flag = strcmp(a, "--force") == 0 ? &ka->force : &ka->allow_shared_fs;
+            if (*flag)
+                return usage_error(synopsis, "%s: given twice", a);
+            *flag = true;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            return usage_error(synopsis, "%s: unknown option", a);
         } else {
-            fprintf(stderr, "idemproxy: %s: unknown, repeated or missing its value\n%s", argv[i],
-                    usage);
-            return 2;
+            return usage_error(synopsis, "%s: unexpected argument (%s takes PATH SCOPE KEY)", a,
+                               cmd);
         }
     }
     ka->path = argv[2];
@@ -867,23 +927,30 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "check-store") == 0) {
-        bool records = argc == 4 && strcmp(argv[3], "--records") == 0;
-        if (argc != 3 && !records) {
-            fputs(usage, stderr);
-            return 2;
+        if (argc < 3 || strcmp(argv[2], "--records") == 0)
+            return usage_error(USAGE_CHECK_STORE, "check-store: needs PATH, the store's "
+                                                  "directory, first");
+        for (int i = 3; i < argc; i++) {
+            if (strcmp(argv[i], "--records") != 0)
+                return usage_error(USAGE_CHECK_STORE, "%s: %s", argv[i],
+                                   argv[i][0] == '-' ? "unknown option"
+                                                     : "unexpected argument (check-store "
+                                                       "takes one PATH)");
+            if (i > 3)
+                return usage_error(USAGE_CHECK_STORE, "--records: given twice");
         }
-        return check_store(argv[2], records);
+        return check_store(argv[2], argc == 4);
     }
     if (argc >= 2 && strcmp(argv[1], "show-key") == 0)
         return show_key(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "forget-key") == 0)
         return forget_key(argc, argv);
     bool checking = argc >= 2 && strcmp(argv[1], "check-config") == 0;
+    const char *synopsis = checking ? USAGE_CHECK_CONFIG : USAGE_RUN;
     if (checking) {
-        if (argc < 3 || argv[2][0] == '-') {
-            fputs(usage, stderr);
-            return 2;
-        }
+        if (argc < 3 || (argv[2][0] == '-' && argv[2][1] != '\0'))
+            return usage_error(synopsis, "check-config: needs FILE, the configuration to "
+                                         "check, first");
         config_path = argv[2];
     }
     for (int i = checking ? 3 : 1; i < argc; i++) {
@@ -910,26 +977,40 @@ int main(int argc, char **argv)
             slot = &upstream;
         else if (strcmp(a, "--store") == 0)
             slot = &store_path;
-        if (slot == NULL || i + 1 >= argc) {
-            fprintf(stderr, "idemproxy: %s: %s\n%s", a,
-                    slot ? "needs a value" : "unknown option", usage);
-            return 2;
+        if (slot == NULL) {
+            const char *eq = strchr(a, '=');
+            if (checking && strcmp(a, "--config") == 0)
+                return usage_error(synopsis, "--config: not with check-config, whose FILE is "
+                                             "the configuration");
+            if (strncmp(a, "--", 2) == 0 && eq != NULL)
+                return usage_error(synopsis,
+                                   "%s: unknown option (give the value after a space: %.*s VALUE)",
+                                   a, (int)(eq - a), a);
+            if (a[0] == '-')
+                return usage_error(synopsis, "%s: unknown option", a);
+            if (checking)
+                return usage_error(synopsis,
+                                   "%s: unexpected argument (check-config takes one FILE)", a);
+            return usage_error(synopsis, "%s: %s", a,
+                               i == 1 ? "unknown command (commands: check-config, check-store, "
+                                        "show-key, forget-key)"
+                                      : "unexpected argument");
         }
+        /* "--config --upstream URL": the file was left out, and the next
+         * option is not its value. */
+        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+            return usage_error(synopsis, "%s: needs a value", a);
         /* Given twice is a mistake somewhere (a wrapper script adding its
          * own --store, say): say so rather than silently take one. */
-        if (*slot != NULL) {
-            fprintf(stderr, "idemproxy: %s: given twice (\"%s\" and \"%s\")\n", a, *slot,
-                    argv[i + 1]);
-            return 2;
-        }
+        if (*slot != NULL)
+            return usage_error(synopsis, "%s: given twice (\"%s\" and \"%s\")", a, *slot,
+                               argv[i + 1]);
         *slot = argv[++i];
     }
     if (checking)
         return check_config(config_path, listen, upstream, store_path);
-    if (config_path == NULL && upstream == NULL) {
-        fprintf(stderr, "idemproxy: give --config FILE or --upstream URL\n%s", usage);
-        return 2;
-    }
+    if (config_path == NULL && upstream == NULL)
+        return usage_error(synopsis, "give --config FILE or --upstream URL");
     curl_global_init(CURL_GLOBAL_DEFAULT);
     rc = run(config_path, listen, upstream, store_path);
     curl_global_cleanup();

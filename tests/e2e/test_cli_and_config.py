@@ -254,6 +254,62 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertIn("--store: given twice", out)
         self.assertFalse(os.path.exists(a) or os.path.exists(b), "a store was created")
 
+    def test_usage_error_is_one_line_and_a_short_usage(self):
+        # A mistake on the command line: exit 2, one line naming it, the
+        # command's usage line and where the rest is; not the whole --help
+        # text (40 lines) burying that one line.
+        for args, says in (
+                ((), "give --config FILE or --upstream URL"),
+                (("--bogus",), "--bogus: unknown option"),
+                (("frobnicate",), "frobnicate: unknown command"),
+                (("--config", "c.json", "extra"), "extra: unexpected argument"),
+                (("--config",), "--config: needs a value"),
+                (("--config", "--upstream", "http://127.0.0.1:9"), "--config: needs a value"),
+                (("--listen=127.0.0.1:1",), "--listen VALUE"),
+                (("check-config",), "check-config: needs FILE"),
+                (("check-config", "--bogus"), "check-config: needs FILE"),
+                (("check-config", "a.json", "b.json"), "b.json: unexpected argument"),
+                (("check-config", "a.json", "--bogus"), "--bogus: unknown option"),
+                (("check-config", "a.json", "--config", "b.json"),
+                 "--config: not with check-config"),
+                (("check-store",), "check-store: needs PATH"),
+                (("check-store", "--records", "st"), "check-store: needs PATH"),
+                (("check-store", "st", "other"), "other: unexpected argument"),
+                (("check-store", "st", "--records", "--records"), "--records: given twice"),
+                (("show-key",), "needs PATH SCOPE KEY"),
+                (("show-key", "st", "payments"), "KEY missing"),
+                (("show-key", "st", "payments", "k", "--force"), "--force: only with forget-key"),
+                (("show-key", "st", "payments", "k", "--scope-header-value"),
+                 "--scope-header-value: needs a value"),
+                (("show-key", "st", "payments", "k", "extra"), "extra: unexpected argument"),
+                (("forget-key", "st", "--force", "payments", "k"),
+                 "--force: the options come after PATH SCOPE KEY"),
+                (("forget-key", "st", "payments", "k", "--force", "--force"),
+                 "--force: given twice"),
+                (("forget-key", "st", "payments", "k", "--bogus"), "--bogus: unknown option")):
+            p = self.run_bin(*args)
+            err = p.stderr.decode("utf-8", "replace")
+            self.assertEqual(p.returncode, 2, (args, err))
+            self.assertEqual(p.stdout, b"", args)
+            lines = err.splitlines()
+            self.assertTrue(lines[0].startswith("idemproxy: "), (args, err))
+            self.assertIn(says, lines[0], (args, err))
+            self.assertTrue(lines[1].startswith("usage: idemproxy "), (args, err))
+            self.assertEqual(lines[-1], "Try 'idemproxy --help' for more information.", args)
+            self.assertLessEqual(len(lines), 5, (args, err))
+        # Nothing was created on the way.
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "st")))
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "idemproxy-data")))
+
+
+    def test_running_without_upstream_says_how_to_give_one(self):
+        path = self.write("noup.json", {"routes": [{"path": "/v1/payments"}]})
+        p = self.run_bin("--config", path)
+        err = p.stderr.decode("utf-8", "replace")
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("upstream: is required", err)
+        self.assertIn("--upstream URL", err)
+
 
 def _listening(port, host="127.0.0.1"):
     import socket
