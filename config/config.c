@@ -216,26 +216,42 @@ static void free_strings(char **v, size_t n)
 
 /* ---- values shared by the file and the command line ---------------- */
 
+/* Two colons outside brackets: an IPv6 address written as in a URL
+ * without its brackets ("::1:8080"), which cannot be told from its port. */
+static bool unbracketed_ipv6(const char *s)
+{
+    const char *colon = strchr(s, ':');
+
+    return s[0] != '[' && colon != NULL && strchr(colon + 1, ':') != NULL;
+}
+
 static int listen_error(const char *s, const char *field, struct errbuf *e)
 {
     char q[QUOTE_LEN];
+    /* Where the port would be: after "[v6]", else after the first ':'. */
+    const char *host_end = s[0] == '[' ? strchr(s, ']') : s;
+    const char *colon = host_end != NULL ? strchr(host_end, ':') : NULL;
+    enum config_addr scan = config_scan_listen(s);
     int rc = CONFIG_OK;
 
     config_quote(s, q, sizeof q);
-    switch (config_scan_listen(s)) {
-    case CONFIG_ADDR_OK:
-        break;
-    case CONFIG_ADDR_PORT_RANGE:
+    if (scan == CONFIG_ADDR_OK)
+        rc = CONFIG_OK;
+    else if (scan == CONFIG_ADDR_PORT_RANGE)
         rc = invalid(e, field, "%s has a port outside 1..65535", q);
-        break;
-    case CONFIG_ADDR_BAD_IPV4:
+    else if (scan == CONFIG_ADDR_BAD_IPV4)
         rc = invalid(e, field, "%s: an IPv4 address must be four decimal numbers 0-255 "
                                "without leading zeros", q);
-        break;
-    default:
-        rc = invalid(e, field, "%s is not host:port", q);
-        break;
-    }
+    else if (s[0] == '\0')
+        rc = invalid(e, field, "must not be empty (host:port, [v6]:port or :port)");
+    else if (unbracketed_ipv6(s))
+        rc = invalid(e, field, "%s: an IPv6 address goes in brackets, \"[::1]:8080\"", q);
+    else if (host_end != NULL && (colon == NULL || colon[1] == '\0'))
+        rc = invalid(e, field, "%s has no port (host:port, [v6]:port or :port)", q);
+    else if (scan == CONFIG_ADDR_BAD_PORT)
+        rc = invalid(e, field, "%s has an invalid port (a number 1..65535)", q);
+    else
+        rc = invalid(e, field, "%s is not host:port, [v6]:port or :port", q);
     return rc;
 }
 
@@ -1406,6 +1422,10 @@ static int read_file(const char *path, char **out, size_t *out_len, struct errbu
     size_t len = 0;
     int rc = CONFIG_OK;
 
+    if (path[0] == '\0') {
+        rc = fail(e, CONFIG_EIO, "the configuration file's name is empty");
+        goto out;
+    }
     f = fopen(path, "r");
     if (f == NULL) {
         if (strerror_r(errno, reason, sizeof reason) != 0)
@@ -1430,6 +1450,7 @@ static int read_file(const char *path, char **out, size_t *out_len, struct errbu
         rc = fail(e, CONFIG_EINVAL, "%s: larger than %d bytes", path, MAX_FILE_BYTES);
         goto out;
     }
+    buf[len] = '\0'; /* for the string functions; len bytes are the file */
     *out = buf;
     *out_len = len;
     buf = NULL;
@@ -1480,6 +1501,14 @@ static int parse_error(const json_error_t *jerr, const char *path, struct errbuf
     /* jansson leaves the text empty when it fails to allocate its lexer. */
     if (code == CONFIG_ENOMEM || jerr->text[0] == '\0')
         rc = no_memory(e);
+    else if (strstr(jerr->text, "JSON_ALLOW_NUL") != NULL && path != NULL)
+        /* jansson's text names its own flag. */
+        rc = fail(e, code, "%s:%d:%d: a string holds \\u0000 (a NUL), which no value may hold",
+                  path, jerr->line, jerr->column);
+    else if (strstr(jerr->text, "JSON_ALLOW_NUL") != NULL)
+        rc = fail(e, code,
+                  "line %d, column %d: a string holds \\u0000 (a NUL), which no value may hold",
+                  jerr->line, jerr->column);
     else if (path != NULL)
         rc = fail(e, code, "%s:%d:%d: %s", path, jerr->line, jerr->column, jerr->text);
     else
@@ -1522,6 +1551,15 @@ int config_load_file(const char *path, struct config **out, char *err, size_t er
     if (rc != CONFIG_OK)
         goto out;
     skip = bom_length(text, len);
+    /* jansson would say "'[' or '{' expected near end of file" (a file
+     * truncated by a failed copy, or created but never written). */
+    if (strspn(text + skip, " \t\r\n") == len - skip) {
+        rc = fail(&e, CONFIG_EINVAL,
+                  "%s: the file is empty (a configuration is a JSON object; {\"upstream\": "
+                  "\"http://HOST:PORT\"} at least)",
+                  path);
+        goto out;
+    }
     root = json_loadb(text + skip, len - skip, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {
         rc = parse_error(&jerr, path, &e);

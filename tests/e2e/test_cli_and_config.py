@@ -301,6 +301,35 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.workdir, "st")))
         self.assertFalse(os.path.exists(os.path.join(self.workdir, "idemproxy-data")))
 
+    def test_config_file_that_cannot_be_a_configuration_is_named(self):
+        os.mkdir(os.path.join(self.workdir, "a-dir"))
+        for name, content, says in (
+                ("", None, "the configuration file's name is empty"),
+                ("a-dir", None, "a-dir: Is a directory"),
+                ("nope.json", None, "nope.json: No such file or directory"),
+                ("empty.json", "", "empty.json: the file is empty"),
+                ("blank.json", " \n\t\n", "blank.json: the file is empty"),
+                ("array.json", '["http://127.0.0.1:9"]', "top level: must be an object"),
+                ("trailing.json", '{"upstream": "http://127.0.0.1:9"} x',
+                 "trailing.json:1:36: end of file expected"),
+                ("nul.json", '{"upstream": "http://127.0.0.1:9\\u0000"}',
+                 "a string holds \\u0000")):
+            if content is not None:
+                self.write(name, content)
+            for args in (("check-config", name), ("--config", name)):
+                p = self.run_bin(*args)
+                err = p.stderr.decode("utf-8", "replace")
+                self.assertEqual(p.returncode, 1, (args, err))
+                self.assertTrue(err.startswith("idemproxy: "), (args, err))
+                self.assertEqual(err.count("\n"), 1, (args, err))  # one line
+                self.assertIn(says, err, args)
+                self.assertNotIn("JSON_ALLOW_NUL", err)
+        if os.geteuid() != 0:  # root reads any file
+            path = self.write("unreadable.json", {"upstream": "http://127.0.0.1:9"})
+            os.chmod(path, 0)
+            p = self.run_bin("check-config", path)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("unreadable.json: Permission denied", p.stderr.decode())
 
     def test_running_without_upstream_says_how_to_give_one(self):
         path = self.write("noup.json", {"routes": [{"path": "/v1/payments"}]})
@@ -309,6 +338,38 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertEqual(p.returncode, 1, err)
         self.assertIn("upstream: is required", err)
         self.assertIn("--upstream URL", err)
+
+    def test_listen_and_upstream_errors_say_what_is_wrong(self):
+        path = self.write("up.json", {"upstream": "http://127.0.0.1:9"})
+        for listen, says in (("[::1]", "has no port"),
+                             ("127.0.0.1:", "has no port"),
+                             ("localhost", "has no port"),
+                             ("", "must not be empty"),
+                             ("host:99999", "has a port outside 1..65535"),
+                             ("127.0.0.1:80x", "has an invalid port"),
+                             ("::1:8080", "an IPv6 address goes in brackets"),
+                             ("127.1:8080", "four decimal numbers")):
+            p = self.run_bin("check-config", path, "--listen", listen)
+            err = p.stderr.decode("utf-8", "replace")
+            self.assertEqual(p.returncode, 1, (listen, err))
+            self.assertIn("--listen: ", err)
+            self.assertIn(says, err, listen)
+            p = self.check_invalid({"upstream": "http://127.0.0.1:9", "listen": listen}, "listen")
+            self.assertIn(says, p, listen)
+        self.assertEqual(self.run_bin("check-config", path, "--listen", ":8080").returncode, 0)
+        for url, says in (("https://pay.example", "TLS to the upstream is not supported"),
+                          ("ftp://x", "is not an http:// URL"),
+                          ("127.0.0.1:9000", "is not an http:// URL"),
+                          ("http://", "has no host"),
+                          ("http://h:99999", "has a port outside 1..65535"),
+                          ("http://h:x", "has an invalid port"),
+                          ("http://u:pw@h", "has an invalid host"),
+                          ("http://h/?a=1", "must not have a query")):
+            p = self.run_bin("check-config", path, "--upstream", url)
+            err = p.stderr.decode("utf-8", "replace")
+            self.assertEqual(p.returncode, 1, (url, err))
+            self.assertIn("--upstream: ", err)
+            self.assertIn(says, err, url)
 
 
 def _listening(port, host="127.0.0.1"):

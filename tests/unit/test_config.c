@@ -458,9 +458,19 @@ static void test_override_errors(void **state)
 {
     (void)state;
     assert_override_error("localhost", "http://x", "/d",
-                          "--listen: \"localhost\" is not host:port");
+                          "--listen: \"localhost\" has no port (host:port, [v6]:port or :port)");
+    assert_override_error("127.0.0.1:", NULL, NULL,
+                          "--listen: \"127.0.0.1:\" has no port (host:port, [v6]:port or :port)");
+    assert_override_error("[::1]", NULL, NULL,
+                          "--listen: \"[::1]\" has no port (host:port, [v6]:port or :port)");
+    assert_override_error("::1:8080", NULL, NULL,
+                          "--listen: \"::1:8080\": an IPv6 address goes in brackets, "
+                          "\"[::1]:8080\"");
+    assert_override_error("127.0.0.1:80x", NULL, NULL,
+                          "--listen: \"127.0.0.1:80x\" has an invalid port (a number 1..65535)");
     assert_override_error(":0", NULL, NULL, "--listen: \":0\" has a port outside 1..65535");
-    assert_override_error("", NULL, NULL, "--listen: \"\" is not host:port");
+    assert_override_error("", NULL, NULL,
+                          "--listen: must not be empty (host:port, [v6]:port or :port)");
     assert_override_error(NULL, "ftp://x", NULL, "--upstream: \"ftp://x\" is not an http:// URL");
     assert_override_error(NULL, "http://", NULL, "--upstream: \"http://\" has no host");
     assert_override_error(NULL, "http://x:99999", NULL,
@@ -478,7 +488,8 @@ static void test_override_quotes_control_characters(void **state)
     (void)state;
     /* A value from the command line is quoted and escaped: the error stays
      * one line whatever was typed. */
-    assert_override_error("a\nb:1", NULL, NULL, "--listen: \"a\\u000ab:1\" is not host:port");
+    assert_override_error("a\nb:1", NULL, NULL,
+                          "--listen: \"a\\u000ab:1\" is not host:port, [v6]:port or :port");
 }
 
 static void test_validate_catches_edits(void **state)
@@ -552,7 +563,7 @@ static void test_error_messages(void **state)
         "{\"listen\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
         "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}",
         "listen: \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"... "
-        "is not host:port");
+        "has no port (host:port, [v6]:port or :port)");
 }
 
 static void test_small_and_missing_error_buffers(void **state)
