@@ -628,8 +628,14 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
         }
     }
     ka->path = argv[2];
-    if (argv[3][0] == '\0' || strlen(argv[3]) > 128) {
-        fprintf(stderr, "idemproxy: SCOPE: a route's scope is 1 to 128 bytes\n");
+    /* As check-config allows a route's scope: any other holds no record,
+     * and "no such key" (exit 1) would send the operator looking for it. */
+    bool scope_ok = argv[3][0] != '\0' && strlen(argv[3]) <= 128;
+    for (const char *p = argv[3]; scope_ok && *p != '\0'; p++)
+        scope_ok = *p >= 0x21 && *p <= 0x7e;
+    if (!scope_ok) {
+        fprintf(stderr, "idemproxy: SCOPE: a route's scope is 1 to 128 visible ASCII characters "
+                        "(no spaces), as check-config prints it\n");
         return 2;
     }
     key = malloc(KEYTOOL_MAX_KEY);

@@ -331,6 +331,21 @@ class CliAndConfig(harness.ProxyTestCase):
             self.assertEqual(p.returncode, 1)
             self.assertIn("unreadable.json: Permission denied", p.stderr.decode())
 
+    def test_key_tools_refuse_a_scope_no_route_can_have(self):
+        # A scope with a space (or a control byte) is refused by
+        # check-config, so no record has one: "no such key" (exit 1) would
+        # send the operator looking for a key that cannot exist.
+        proxy = self.start_proxy()
+        self.assertEqual(proxy.stop(), 0, proxy.stderr())
+        for scope in ("pay ments", "pay\tments", "", "s" * 129):
+            for cmd in ("show-key", "forget-key"):
+                p = self.run_bin(cmd, self.store_path, scope, "k-1")
+                self.assertEqual(p.returncode, 2, (cmd, scope, p.stdout, p.stderr))
+                self.assertIn(b"SCOPE: ", p.stderr)
+                self.assertEqual(p.stdout, b"")
+        p = self.run_bin("show-key", self.store_path, "payments", "k-1")
+        self.assertEqual(p.returncode, 1, p.stderr)
+
     def test_running_without_upstream_says_how_to_give_one(self):
         path = self.write("noup.json", {"routes": [{"path": "/v1/payments"}]})
         p = self.run_bin("--config", path)
