@@ -11,6 +11,7 @@ key stays unused), and a replay that does not fit gets the same 503. What the
 refused requests took is given back: afterwards everything fits again.
 """
 
+import socket
 import threading
 import time
 import unittest
@@ -126,6 +127,69 @@ class MemoryBudget(harness.ProxyTestCase):
             r = self.post(proxy, key, headers=hdrs, timeout=20)
             self.assertEqual(r.status, 201, r)
             self.assertTrue(r.replayed, r)
+
+    def test_forwarded_answer_in_flight_is_counted_once(self):
+        """A forwarded answer is sent by libmicrohttpd from the buffer it is
+        stored from, so an answer waiting for a slow reader holds, and is
+        counted, once. Until 2026-12-06 libmicrohttpd sent a copy
+        (MHD_RESPMEM_MUST_COPY), counted too: the 8 MiB answer below held
+        16 MiB of a 12 MiB budget, and every replay meanwhile got 503.
+
+        The sizes follow from what is counted: the native client counts the
+        buffer it read the answer into, which grows by doubling from 4 KiB
+        (a 6 MiB answer is counted as 8 MiB), so the answer is a power of
+        two and its buffer is exactly its size. Held while nobody reads it:
+        8 MiB now (16 before). A replay of a 2 MiB answer fits in 12 MiB
+        (8 + 2) only if the answer is counted once; a replay of a 6 MiB
+        answer (8 + 6) does not, which shows the answer is still held
+        (not yet absorbed by the sockets' buffers) when the 2 MiB replay is
+        sent and after it."""
+        proxy = self.start_proxy(config=self.config_with("12MiB"))
+
+        def hdrs(size):
+            return [("X-Test-Fault", "huge"), ("X-Test-Size", str(size))]
+
+        held, fits, probe = 8 * MIB, 2 * MIB, 6 * MIB
+        for key, size in (("fits", fits), ("probe", probe)):
+            first = self.post(proxy, key, headers=hdrs(size), timeout=20)
+            self.assertExecuted(first)
+            self.assertEqual(first.body, harness.huge_body(size))
+
+        def probe_refused():
+            # A replay of the 6 MiB answer: refused only while the slow
+            # reader's answer is held (either way nothing stays held after).
+            r = self.post(proxy, "probe", headers=hdrs(probe), timeout=20)
+            if r.status == 503:
+                doc = self.assertProblem(r, 503)
+                self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
+                return True
+            self.assertEqual(r.status, 201, r)
+            self.assertEqual(r.body, harness.huge_body(probe))
+            return False
+
+        c = harness.slow_post(proxy, "held", hdrs(held), timeout=20)
+        try:
+            # Its first bytes have arrived: the record is committed (the
+            # store's copy given back) and libmicrohttpd is sending it.
+            c.settimeout(15)
+            self.assertEqual(c.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL), b"HTTP/1.1 201")
+            self.assertTrue(probe_refused(), "the 8 MiB answer is no longer held by the proxy "
+                            "(its client's socket buffers took it): the test proves nothing")
+            r = self.post(proxy, "fits", headers=hdrs(fits), timeout=20)
+            self.assertEqual(r.status, 201, "a 2 MiB replay beside an 8 MiB answer in flight, "
+                             "12 MiB budget: %r (the answer counted twice?)" % r)
+            self.assertTrue(r.replayed, r)
+            self.assertEqual(r.body, harness.huge_body(fits))
+            self.assertTrue(probe_refused(), "the 8 MiB answer was not held all along")
+        finally:
+            a = harness.read_slow_post(proxy, c)
+        self.assertExecuted(a)
+        self.assertEqual(a.body, harness.huge_body(held))
+        # Sent: given back (the request is freed just after its last byte).
+        self.assertTrue(harness.wait_for(lambda: not probe_refused(), timeout=5),
+                        "the answer's memory was not given back once it was sent")
+        for key in ("fits", "probe", "held"):
+            self.assertEqual(self.upstream.count(key), 1)
 
 
 if __name__ == "__main__":
