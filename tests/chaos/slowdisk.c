@@ -17,7 +17,10 @@
  *                        blocks (polled every 2 ms) until it is removed: a
  *                        stall a test starts and ends when it wants
  *   SLOWDISK_STATS       optional path: rewritten after every delayed flush
- *                        with "flushes=N stalled=N max_ms=N"
+ *                        with "flushes=N stalled=N max_ms=N waiting=N", and
+ *                        when a flush starts to wait for the stall file
+ *                        (waiting: the flushes blocked by the stall now, so
+ *                        a test can tell the store writer is in the disk)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -47,6 +50,7 @@ static struct {
     const char *stats;
     unsigned long long flushes;
     unsigned long long stalled;
+    unsigned long long waiting;
     long long max_ms;
     int (*fdatasync)(int);
     int (*fsync)(int);
@@ -136,8 +140,8 @@ static void write_stats(void)
     if (sd.stats == NULL) {
         return;
     }
-    n = snprintf(buf, sizeof buf, "flushes=%llu stalled=%llu max_ms=%lld\n", sd.flushes, sd.stalled,
-                 sd.max_ms);
+    n = snprintf(buf, sizeof buf, "flushes=%llu stalled=%llu max_ms=%lld waiting=%llu\n",
+                 sd.flushes, sd.stalled, sd.max_ms, sd.waiting);
     fd = open(sd.stats, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
         (void)!sd.write(fd, buf, (size_t)n);
@@ -157,6 +161,12 @@ static void delay(void)
         sleep_ms(sd.ms);
     }
     while (sd.stall_file != NULL && access(sd.stall_file, F_OK) == 0) {
+        if (!stalled) {
+            pthread_mutex_lock(&sd.lock);
+            sd.waiting++;
+            write_stats();
+            pthread_mutex_unlock(&sd.lock);
+        }
         stalled = 1;
         sleep_ms(2);
     }
@@ -164,6 +174,7 @@ static void delay(void)
     pthread_mutex_lock(&sd.lock);
     sd.flushes++;
     sd.stalled += (unsigned long long)stalled;
+    sd.waiting -= (unsigned long long)stalled;
     if (took > sd.max_ms) {
         sd.max_ms = took;
     }
