@@ -19,6 +19,11 @@ reads nothing yet. Budget 12 MiB:
   - once the commit has ended (the answer's first bytes reach its client)
     only the request's buffer is held, the answer still unread (8 MiB): the
     same replay gets 201.
+The replay is sent once slowdisk says a flush is blocked by the stall
+(its stats' waiting=N): with heartbeats 15 s apart the complete's is the
+only commit then, so it is submitted (counted) and cannot be handed back
+before the stall ends (the answer's first bytes not having arrived is
+checked as well).
 Sizes: the native client counts the buffer it read an answer into, which
 grows by doubling from 4 KiB, so the answer is a power of two (its buffer
 is exactly its size). A replay of a stored 6 MiB answer is the probe that
