@@ -1405,6 +1405,10 @@ static int load_json(json_t *root, struct config **out, struct errbuf *e)
         goto out;
     /* The upstream may still come from --upstream: config_validate(). */
     rc = check_config(cfg, false, e);
+    /* libmicrohttpd counts a connection's timeout in whole seconds: the
+     * effective value, which check-config prints, is rounded up to one. */
+    if (rc == CONFIG_OK)
+        cfg->server.client_timeout_ms = (cfg->server.client_timeout_ms + 999) / 1000 * 1000;
 out:
     if (rc != CONFIG_OK) {
         config_free(cfg);
