@@ -146,6 +146,21 @@ class UpstreamSelfTest(harness.ProxyTestCase):
         self.assertEqual(r.header("Transfer-Encoding"), "chunked")
         self.assertEqual(r.json()["method"], "POST")
 
+    def test_huge_paused_half_way_and_chunked(self):
+        # X-Test-Pause-Ms stops half way through the body; X-Test-Chunked
+        # sends the same bytes chunked.
+        for chunked in (False, True):
+            hdrs = [("X-Test-Fault", "huge"), ("X-Test-Size", "100001"),
+                    ("X-Test-Pause-Ms", "300")]
+            if chunked:
+                hdrs.append(("X-Test-Chunked", "1"))
+            t0 = time.monotonic()
+            r = self.up(headers=hdrs)
+            self.assertGreater(time.monotonic() - t0, 0.25)
+            self.assertEqual(r.has("Transfer-Encoding"), chunked, r)
+            self.assertEqual(r.header("Content-Length"), None if chunked else "100001", r)
+            self.assertEqual(r.body, harness.huge_body(100001))
+
     def test_many_concurrent_connections(self):
         conns = [Conn(self.upstream.port) for _ in range(300)]
         try:

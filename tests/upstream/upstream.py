@@ -24,7 +24,11 @@ Faults are chosen by request headers, which the proxy forwards end to end:
                 drip             send the response 1 byte per X-Test-Drip-Ms (1000)
                 huge             body of X-Test-Size bytes (default 20 MiB): the
                                  16-byte pattern 0123456789abcdef repeated, or the
-                                 16 bytes of X-Test-Pattern
+                                 16 bytes of X-Test-Pattern; with X-Test-Pause-Ms: N
+                                 it stops for N ms half way through the body (an
+                                 answer still arriving), with X-Test-Chunked: 1 it
+                                 is sent chunked (64 KiB chunks) instead of with a
+                                 Content-Length
                 big-headers      X-Test-Size bytes (default 64 KiB) of extra
                                  response headers, 1 KiB each
                 bad-framing      both Transfer-Encoding: chunked and Content-Length
@@ -417,16 +421,32 @@ class Upstream:
                 headers.append(("X-Big-%d" % i, "b" * (1024 - len("X-Big-%d: \r\n" % i))))
         if fault == "huge":
             size = int(req.header("x-test-size") or HUGE_DEFAULT_BYTES)
+            pause_ms = int(req.header("x-test-pause-ms") or 0)
+            chunked = (req.header("x-test-chunked") or "").strip() == "1"
             headers[1] = ("Content-Type", "application/octet-stream")
-            writer.write(response_head(status, headers + [("Content-Length", str(size))]))
+            framing = ("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(size))
+            writer.write(response_head(status, headers + [framing]))
             if req.method != "HEAD":
                 pattern = (req.header("x-test-pattern") or "").encode("latin-1")
                 chunk = huge_body(64 * 1024, pattern if len(pattern) == 16 else HUGE_PATTERN)
                 sent = 0
+                paused = pause_ms <= 0
                 while sent < size:
-                    n = min(len(chunk), size - sent)
-                    writer.write(chunk[:n])
+                    if not paused and sent >= size // 2:
+                        paused = True
+                        await asyncio.sleep(pause_ms / 1000.0)
+                    # Pieces of up to 64 KiB, one of them ending half way;
+                    # each goes on where the pattern left off.
+                    at = sent % 16
+                    n = min(len(chunk) - at, size - sent)
+                    if not paused:
+                        n = min(n, size // 2 - sent)
+                    piece = chunk[at:at + n]
+                    writer.write(b"%x\r\n%s\r\n" % (n, piece) if chunked else piece)
                     sent += n
+                    await writer.drain()
+                if chunked:
+                    writer.write(b"0\r\n\r\n")
                     await writer.drain()
             return keep
 
