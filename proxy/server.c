@@ -29,6 +29,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -198,6 +199,7 @@ struct request {
     uint64_t charged;      /* of server.max_buffered: returned by request_free() */
     uint64_t body_charged; /* of which for the body: its Content-Length, or body_cap */
     bool resp_cap_charged; /* resp_body's growth was charged as it came */
+    size_t resp_grown;     /* of charged: the native exchange's body buffer, as it grew */
     uint64_t store_charged; /* of charged: the store's copy of a complete, until it is delivered */
     bool budget_full;      /* oom: server.max_buffered, not a failed allocation */
     bool body_too_large;
@@ -572,6 +574,13 @@ static bool budget_take(struct request *r, uint64_t n, bool force)
     }
     r->charged += n;
     return true;
+}
+
+/* Gives back n of what r took (budget_take()) before request_free(). */
+static void budget_give(struct request *r, uint64_t n)
+{
+    atomic_fetch_sub(&r->w->srv->buffered, n);
+    r->charged -= n;
 }
 
 /* Whether the process holds more than server.max_buffered now. */
@@ -1718,6 +1727,30 @@ static void upstream_done(struct request *r, CURLcode code)
     upstream_finish(r, res, status);
 }
 
+/* The native client's answer buffer grew by more bytes while the answer
+ * arrives (upstream_options.body_grew): counted now, not once all of it is
+ * in, so requests admitted meanwhile see what the process holds. Forced:
+ * the action ran (budget_take()). */
+static void native_body_grew(void *ctx, size_t more)
+{
+    struct request *r = ctx;
+
+    budget_take(r, more, true);
+    r->resp_grown += more;
+}
+
+/* The exchange is over: what its growth counted becomes cap, the buffer the
+ * request took over (0: none, it was freed with the exchange). Equal but for
+ * a resend that started the answer over. */
+static void native_body_settle(struct request *r, size_t cap)
+{
+    if (cap > r->resp_grown)
+        budget_take(r, cap - r->resp_grown, true);
+    else if (cap < r->resp_grown)
+        budget_give(r, r->resp_grown - cap);
+    r->resp_grown = 0;
+}
+
 /* A native exchange ended: its answer becomes the request's (the headers
  * and body are taken over, not copied). */
 static void native_done(struct upstream_exchange *x)
@@ -1738,12 +1771,15 @@ static void native_done(struct upstream_exchange *x)
         r->resp_body = resp->body;
         r->resp_len = resp->body_len;
         r->resp_cap = resp->body_cap;
-        budget_take(r, r->resp_cap, true);
+        native_body_settle(r, r->resp_cap); /* counted as it arrived */
         r->resp_cap_charged = true;
         resp->body = NULL;
         resp->body_len = resp->body_cap = 0;
-    } else if (res == IDEM_UPSTREAM_TOO_LARGE) {
-        r->resp_headers_too_large = resp->headers_too_large;
+    } else {
+        /* The exchange's buffer goes with it (upstream_exchange_free()). */
+        native_body_settle(r, 0);
+        if (res == IDEM_UPSTREAM_TOO_LARGE)
+            r->resp_headers_too_large = resp->headers_too_large;
     }
     upstream_exchange_free(x);
     upstream_finish(r, res, status);
@@ -3326,9 +3362,12 @@ static void force_drain(struct worker *w)
             r->drain_cut = true;
             if (r->ux != NULL) {
                 struct upstream_exchange *x = r->ux;
+                enum idem_upstream_result res;
                 r->ux = NULL;
                 /* NOT_SENT when no byte left: nothing ran, released. */
-                upstream_finish(r, upstream_cancel(x), 0);
+                res = upstream_cancel(x);
+                native_body_settle(r, 0); /* its buffer went with it */
+                upstream_finish(r, res, 0);
             } else {
                 upstream_done(r, CURLE_OPERATION_TIMEDOUT);
             }
@@ -3798,6 +3837,7 @@ static int worker_init(struct worker *w, int listen_fd, char *err, size_t errlen
             .max_response_bytes = cfg->upstream.max_response_bytes,
             .max_idle = UPSTREAM_IDLE_MAX,
             .idle_timeout_ms = cfg->upstream.idle_timeout_ms,
+            .body_grew = native_body_grew,
         };
         if (upstream_pool_new(w->srv->origin, &uo, w->epfd, EP_UPSTREAM, &w->pool) != 0) {
             snprintf(err, errlen, "out of memory");
@@ -4146,6 +4186,25 @@ static void free_abandoned(struct worker *w)
     }
 }
 
+/* At the exit every request is freed and every response gone, so nothing
+ * is counted against server.max_buffered any more. A count left over is a
+ * request that took more than it gave back (a running process would refuse
+ * requests for memory it does not hold): said on stderr, and fatal in a
+ * build with assertions, where the tests run. */
+static void buffered_left_check(struct proxy_server *srv)
+{
+    uint64_t left = atomic_load(&srv->buffered);
+
+    if (left == 0)
+        return;
+    idem_diag("idemproxy: internal error: %" PRIu64
+              " bytes still counted against server.max_buffered at exit",
+              left);
+#ifndef NDEBUG
+    abort();
+#endif
+}
+
 int proxy_server_join(struct proxy_server *srv)
 {
     int64_t by;
@@ -4189,6 +4248,7 @@ int proxy_server_join(struct proxy_server *srv)
     upstream_origin_free(srv->origin);
     replay_share_free(srv->shares); /* every response is gone */
     ip_table_free(srv);
+    buffered_left_check(srv);
     free(srv);
     return 0;
 }

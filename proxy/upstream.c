@@ -883,6 +883,7 @@ struct upstream_exchange {
     bool retried;
     bool took_new_addrs; /* went on to a newer resolution's addresses once */
     bool no_memory;      /* it failed for want of this process's memory */
+    size_t body_told;    /* of the answer's body_cap, told to opt.body_grew */
     uint64_t tried;      /* the addresses (by place) of conn's list it tried */
     int64_t deadline_ms;
     int64_t connect_deadline_ms;
@@ -1180,6 +1181,13 @@ static bool x_read(struct upstream_exchange *x)
         if (used < c->len)
             memmove(c->buf, c->buf + used, c->len - used);
         c->len -= used;
+        if (x->parser.resp.body_cap > x->body_told) {
+            /* Told before x_parsed(): the caller holds the buffer's
+             * growth while it arrives, not only once the answer is done. */
+            if (x->pool->opt.body_grew != NULL)
+                x->pool->opt.body_grew(x->ctx, x->parser.resp.body_cap - x->body_told);
+            x->body_told = x->parser.resp.body_cap;
+        }
         if (rc != UPSTREAM_PARSE_MORE) {
             x_parsed(x, rc);
             return false;

@@ -129,6 +129,16 @@ struct upstream_options {
      * Below the upstream's own keep-alive timeout, no request is written
      * into a connection the upstream is closing at that moment. */
     int64_t idle_timeout_ms;
+    /* Called with the exchange's ctx each time the answer's body buffer
+     * grows, with the bytes of capacity it gained (with a Content-Length
+     * all of it comes at the end of the header block; otherwise it doubles
+     * as the body arrives): once per growth, not per read, so a caller can
+     * count the memory an answer holds while it arrives. Never told of a
+     * shrink (a buffer freed with a failed exchange, or by a resend that
+     * starts the answer over): once the exchange is done the caller settles
+     * on the body_cap it takes over, 0 for any result but a response. NULL:
+     * not told. */
+    void (*body_grew)(void *ctx, size_t more);
 };
 
 struct upstream_request {

@@ -3,7 +3,8 @@
  * (proxy/upstream.h) against a real listening socket that the test answers
  * by hand: a connection idle for idle_timeout_ms is never reused, not even
  * behind a newer one the upstream has closed, and the pool closes it on its
- * own once due.
+ * own once due. And an answer's body buffer is told to opt.body_grew as it
+ * grows, adding up to its final body_cap.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,7 +38,17 @@ struct rig {
     int done;                /* exchanges finished */
     enum idem_upstream_result last;
     char last_body[256];     /* the last answer's body, when there was one */
+    size_t last_cap;         /* and its body_cap */
+    size_t grown;            /* what opt.body_grew was told, in all */
+    int grew_calls;
 };
+
+static void on_body_grew(void *ctx, size_t more)
+{
+    struct rig *r = ctx;
+    r->grown += more;
+    r->grew_calls++;
+}
 
 static int setup(void **state)
 {
@@ -50,7 +61,8 @@ static int setup(void **state)
                                    .max_header_bytes = 8192,
                                    .max_response_bytes = 1 << 20,
                                    .max_idle = 64,
-                                   .idle_timeout_ms = IDLE_TIMEOUT_MS};
+                                   .idle_timeout_ms = IDLE_TIMEOUT_MS,
+                                   .body_grew = on_body_grew};
 
     assert_non_null(r);
     r->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -101,8 +113,10 @@ static void pump(struct rig *r, int64_t ms, int until)
         while ((x = upstream_take_done(r->pool)) != NULL) {
             r->last = upstream_exchange_result(x);
             r->last_body[0] = '\0';
+            r->last_cap = 0;
             if (r->last == IDEM_UPSTREAM_RESPONSE) {
                 const struct upstream_response *resp = upstream_exchange_response(x);
+                r->last_cap = resp->body_cap;
                 snprintf(r->last_body, sizeof r->last_body, "%.*s", (int)resp->body_len,
                          resp->body != NULL ? (const char *)resp->body : "");
             }
@@ -123,7 +137,7 @@ static void start(struct rig *r, const char *method, const char *target)
                                    .send_length = !get,
                                    .may_retry = get};
     struct upstream_exchange *x;
-    assert_int_equal(upstream_start(r->pool, &req, NULL, &x), 0);
+    assert_int_equal(upstream_start(r->pool, &req, r, &x), 0);
 }
 
 /* Accepts the next connection the pool makes, waiting up to 2 s. */
@@ -290,6 +304,68 @@ static void bytes_waiting_on_an_idle_connection_are_not_an_answer(void **state)
     }
 }
 
+static void send_all(int fd, const char *b, size_t n)
+{
+    assert_int_equal(send(fd, b, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void send_str(int fd, const char *s)
+{
+    send_all(fd, s, strlen(s));
+}
+
+/* Told while the answer arrives, not once it is done, and in all exactly the
+ * body_cap the caller takes over: with a Content-Length all of it once the
+ * header block is in, chunked as the buffer doubles. */
+static void body_growth_told_as_it_arrives(void **state)
+{
+    struct rig *r = *state;
+    static char filler[100000];
+    char line[128], head[128];
+    int a;
+
+    memset(filler, 'x', sizeof filler);
+    start(r, "POST", "/length");
+    a = accept_conn(r);
+    read_request(r, a, line, sizeof line);
+    send_str(a, "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+    send_all(a, filler, 10);
+    pump(r, 200, -1);
+    assert_int_equal(r->done, 0);
+    assert_int_equal(r->grown, 131072); /* the parser's power of two */
+    send_all(a, filler, 100000 - 10);
+    pump(r, 2000, 1);
+    assert_int_equal(r->last, IDEM_UPSTREAM_RESPONSE);
+    assert_int_equal(r->last_cap, 131072);
+    assert_int_equal(r->grown, 131072);
+    assert_int_equal(r->grew_calls, 1);
+
+    /* The same connection, reused within the timeout. */
+    r->grown = 0;
+    r->grew_calls = 0;
+    start(r, "POST", "/chunked");
+    read_request(r, a, line, sizeof line);
+    assert_string_equal(line, "POST /chunked HTTP/1.1");
+    send_str(a, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+    snprintf(head, sizeof head, "%x\r\n", 5000);
+    send_str(a, head);
+    send_all(a, filler, 5000);
+    send_str(a, "\r\n");
+    pump(r, 200, -1);
+    assert_int_equal(r->done, 1);
+    assert_int_equal(r->grown, 8192);
+    snprintf(head, sizeof head, "%x\r\n", 60000);
+    send_str(a, head);
+    send_all(a, filler, 60000);
+    send_str(a, "\r\n0\r\n\r\n");
+    pump(r, 2000, 2);
+    assert_int_equal(r->last, IDEM_UPSTREAM_RESPONSE);
+    assert_int_equal(r->last_cap, 65536);
+    assert_int_equal(r->grown, 65536);
+    assert_true(r->grew_calls >= 2);
+    close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +374,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(too_old_behind_a_closed_one_not_reused, setup, teardown),
         cmocka_unit_test_setup_teardown(bytes_waiting_on_an_idle_connection_are_not_an_answer,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(body_growth_told_as_it_arrives, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
