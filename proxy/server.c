@@ -1303,9 +1303,17 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
     }
     if (r->resp_len + len > r->resp_cap) {
         size_t ncap = r->resp_cap ? r->resp_cap : 4096;
+        curl_off_t length = -1;
         uint8_t *nb;
         while (ncap < r->resp_len + len)
             ncap *= 2;
+        /* With a Content-Length, a buffer of exactly that much (as the
+         * native client's): what is held and counted is the answer, not the
+         * power of two above it. */
+        if (r->resp_cap == 0 &&
+            curl_easy_getinfo(r->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK &&
+            length >= (curl_off_t)(r->resp_len + len) && (uint64_t)length <= cap)
+            ncap = (size_t)length;
         nb = realloc(r->resp_body, ncap);
         if (nb == NULL) {
             r->upstream_no_memory = true; /* libcurl says only "write error" */

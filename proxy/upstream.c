@@ -117,7 +117,10 @@ static bool last_coding_chunked(const char *v, size_t len)
     return e - s == 7 && strncasecmp(v + s, "chunked", 7) == 0;
 }
 
-static enum upstream_parse_rc body_reserve(struct upstream_parser *p, size_t more)
+/* Room for more bytes of body: exactly that much when exact (the whole
+ * body, its Content-Length known), else doubling from 4 KiB. The buffer is
+ * what the answer holds in memory, and what server.max_buffered counts. */
+static enum upstream_parse_rc body_reserve(struct upstream_parser *p, size_t more, bool exact)
 {
     struct upstream_response *r = &p->resp;
     size_t need = r->body_len + more;
@@ -131,6 +134,8 @@ static enum upstream_parse_rc body_reserve(struct upstream_parser *p, size_t mor
         cap *= 2;
     if ((uint64_t)cap > p->max_body_bytes && (uint64_t)need <= p->max_body_bytes)
         cap = (size_t)p->max_body_bytes;
+    if (exact)
+        cap = need;
     nb = realloc(r->body, cap);
     if (nb == NULL)
         return UPSTREAM_PARSE_NOMEM;
@@ -145,7 +150,7 @@ static enum upstream_parse_rc body_append(struct upstream_parser *p, const char 
 
     if ((uint64_t)p->resp.body_len + n > p->max_body_bytes)
         return UPSTREAM_PARSE_TOO_LARGE;
-    rc = body_reserve(p, n);
+    rc = body_reserve(p, n, false);
     if (rc != UPSTREAM_PARSE_MORE)
         return rc;
     memcpy(p->resp.body + p->resp.body_len, b, n);
@@ -306,7 +311,7 @@ static enum upstream_parse_rc end_of_head(struct upstream_parser *p)
             p->state = PS_DONE;
             return UPSTREAM_PARSE_DONE;
         }
-        rc = body_reserve(p, (size_t)p->length);
+        rc = body_reserve(p, (size_t)p->length, true);
         if (rc != UPSTREAM_PARSE_MORE)
             return rc;
         p->remaining = p->length;

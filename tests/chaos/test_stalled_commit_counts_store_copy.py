@@ -24,9 +24,10 @@ The replay is sent once slowdisk says a flush is blocked by the stall
 only commit then, so it is submitted (counted) and cannot be handed back
 before the stall ends (the answer's first bytes not having arrived is
 checked as well).
-Sizes: the native client counts the buffer it read an answer into, which
-grows by doubling from 4 KiB, so the answer is a power of two (its buffer
-is exactly its size). A replay of a stored 6 MiB answer is the probe that
+Sizes: the upstream client counts the buffer it read an answer into
+(the native one exactly its Content-Length, libcurl's doubling from
+4 KiB), so the answer is a power of two (its buffer is exactly its size
+with either). A replay of a stored 6 MiB answer is the probe that
 the 8 MiB answer has arrived and is held (8 + 6 > 12; 6 alone fits): it is
 refused in both phases, by the old code too.
 """

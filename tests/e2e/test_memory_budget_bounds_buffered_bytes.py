@@ -136,27 +136,43 @@ class MemoryBudget(harness.ProxyTestCase):
         16 MiB of a 12 MiB budget, and every replay meanwhile got 503.
 
         The sizes follow from what is counted: the native client counts the
-        buffer it read the answer into, which grows by doubling from 4 KiB
-        (a 6 MiB answer is counted as 8 MiB), so the answer is a power of
-        two and its buffer is exactly its size. Held while nobody reads it:
+        buffer it read the answer into, exactly its Content-Length (a power
+        of two at or above it before, and libcurl's doubles still), so the
+        answer is a power of two and its buffer is exactly its size with
+        both clients. Held while nobody reads it:
         8 MiB now (16 before). A replay of a 2 MiB answer fits in 12 MiB
         (8 + 2) only if the answer is counted once; a replay of a 6 MiB
         answer (8 + 6) does not, which shows the answer is still held
         (not yet absorbed by the sockets' buffers) when the 2 MiB replay is
         sent and after it."""
-        proxy = self.start_proxy(config=self.config_with("12MiB"))
+        self.held_answer_leaves_room("12MiB", held=8 * MIB, fits=2 * MIB, probe=6 * MIB,
+                                     why="the answer counted twice?")
+
+    def test_answer_with_a_length_is_counted_as_its_length(self):
+        """The native client reads an answer with a Content-Length into a
+        buffer of exactly that length, and that is what is held and counted:
+        a 12 MiB answer held for a slow reader leaves 4 MiB of a 16 MiB
+        budget, room for a 3 MiB replay. Until 2026-12-06 the buffer was the
+        power of two above the length (16 MiB), and the replay got 503."""
+        self.held_answer_leaves_room("16MiB", held=12 * MIB, fits=3 * MIB, probe=6 * MIB,
+                                     why="the answer counted as more than its length?")
+
+    def held_answer_leaves_room(self, budget, held, fits, probe, why):
+        """An answer of held bytes, held for a client that reads nothing,
+        leaves room in budget for a replay of a stored answer of fits bytes
+        but not of probe bytes (which shows it is still held)."""
+        proxy = self.start_proxy(config=self.config_with(budget))
 
         def hdrs(size):
             return [("X-Test-Fault", "huge"), ("X-Test-Size", str(size))]
 
-        held, fits, probe = 8 * MIB, 2 * MIB, 6 * MIB
         for key, size in (("fits", fits), ("probe", probe)):
             first = self.post(proxy, key, headers=hdrs(size), timeout=20)
             self.assertExecuted(first)
             self.assertEqual(first.body, harness.huge_body(size))
 
         def probe_refused():
-            # A replay of the 6 MiB answer: refused only while the slow
+            # A replay of the probe answer: refused only while the slow
             # reader's answer is held (either way nothing stays held after).
             r = self.post(proxy, "probe", headers=hdrs(probe), timeout=20)
             if r.status == 503:
@@ -173,14 +189,16 @@ class MemoryBudget(harness.ProxyTestCase):
             # store's copy given back) and libmicrohttpd is sending it.
             c.settimeout(15)
             self.assertEqual(c.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL), b"HTTP/1.1 201")
-            self.assertTrue(probe_refused(), "the 8 MiB answer is no longer held by the proxy "
-                            "(its client's socket buffers took it): the test proves nothing")
+            self.assertTrue(probe_refused(), "the %d MiB answer is no longer held by the proxy "
+                            "(its client's socket buffers took it): the test proves nothing"
+                            % (held // MIB))
             r = self.post(proxy, "fits", headers=hdrs(fits), timeout=20)
-            self.assertEqual(r.status, 201, "a 2 MiB replay beside an 8 MiB answer in flight, "
-                             "12 MiB budget: %r (the answer counted twice?)" % r)
+            self.assertEqual(r.status, 201, "a %d MiB replay beside a %d MiB answer in flight, "
+                             "%s budget: %r (%s)" % (fits // MIB, held // MIB, budget, r, why))
             self.assertTrue(r.replayed, r)
             self.assertEqual(r.body, harness.huge_body(fits))
-            self.assertTrue(probe_refused(), "the 8 MiB answer was not held all along")
+            self.assertTrue(probe_refused(), "the %d MiB answer was not held all along"
+                            % (held // MIB))
         finally:
             a = harness.read_slow_post(proxy, c)
         self.assertExecuted(a)
