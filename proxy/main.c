@@ -90,18 +90,47 @@ static const char usage[] =
  * 2 (README, Command line). Not the whole --help text, which would bury the
  * one line that says what is wrong.
  */
+static int vusage_error(const char *synopsis, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static int vusage_error(const char *synopsis, const char *fmt, va_list ap)
+{
+    fputs("idemproxy: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nusage: %s\nTry 'idemproxy --help' for more information.\n", synopsis);
+    return 2;
+}
+
 static int usage_error(const char *synopsis, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static int usage_error(const char *synopsis, const char *fmt, ...)
 {
     va_list ap;
+    int rc;
 
-    fputs("idemproxy: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    rc = vusage_error(synopsis, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\nusage: %s\nTry 'idemproxy --help' for more information.\n", synopsis);
-    return 2;
+    return rc;
+}
+
+/* show-key's and forget-key's: an option given in place of PATH, SCOPE or
+ * KEY (misplaced) is what a wrong command line is said as, since the rest
+ * follows from it. */
+static int key_usage_error(const char *synopsis, const char *cmd, const char *misplaced,
+                           const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int key_usage_error(const char *synopsis, const char *cmd, const char *misplaced,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    if (misplaced != NULL)
+        return usage_error(synopsis, "%s: %s: the options come after PATH SCOPE KEY", cmd,
+                           misplaced);
+    va_start(ap, fmt);
+    rc = vusage_error(synopsis, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* The configuration the proxy would run with: FILE, then the command
@@ -579,6 +608,18 @@ struct key_args {
     char log_key[9];
 };
 
+/* The options of the proxy and of check-config. */
+static bool is_run_option(const char *a)
+{
+    static const char *const options[] = {"--config", "--listen", "--upstream", "--store",
+                                          "--help",   "-h",       "--version"};
+
+    for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
+        if (strcmp(a, options[i]) == 0)
+            return true;
+    return false;
+}
+
 static int key_args_parse(int argc, char **argv, bool forget, struct key_args *ka)
 {
     const char *scope_value = NULL;
@@ -589,42 +630,46 @@ static int key_args_parse(int argc, char **argv, bool forget, struct key_args *k
     enum idem_key_status ks;
     const char *cmd = forget ? "forget-key" : "show-key";
     const char *synopsis = forget ? USAGE_FORGET_KEY : USAGE_SHOW_KEY;
+    const char *misplaced = NULL;
     int rc = 2;
 
     memset(ka, 0, sizeof(*ka));
-    /* The options come after PATH SCOPE KEY: one of them in their place
-     * would otherwise be taken for a scope or a key. */
-    for (int i = 2; i < argc && i < 5; i++) {
+    /* The options come after PATH SCOPE KEY. One of them in their place
+     * is said as that, but only when the command line is wrong either way:
+     * a scope or a key may be "--force" too (a client may send any visible
+     * key), and "show-key PATH SCOPE --force" looks that key up. */
+    for (int i = 2; i < argc && i < 5 && misplaced == NULL; i++) {
         if (strcmp(argv[i], "--scope-header-value") == 0 || strcmp(argv[i], "--force") == 0 ||
             strcmp(argv[i], "--allow-shared-fs") == 0)
-            return usage_error(synopsis, "%s: %s: the options come after PATH SCOPE KEY", cmd,
-                               argv[i]);
+            misplaced = argv[i];
     }
     if (argc < 5)
-        return usage_error(synopsis, "%s: needs PATH SCOPE KEY (%s missing)", cmd,
-                           argc == 2   ? "all three"
-                           : argc == 3 ? "SCOPE and KEY"
-                                       : "KEY");
+        return key_usage_error(synopsis, cmd, misplaced, "%s: needs PATH SCOPE KEY (%s missing)",
+                               cmd,
+                               argc == 2   ? "all three"
+                               : argc == 3 ? "SCOPE and KEY"
+                                           : "KEY");
     for (int i = 5; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--scope-header-value") == 0) {
             if (i + 1 >= argc)
-                return usage_error(synopsis, "%s: needs a value", a);
+                return key_usage_error(synopsis, cmd, misplaced, "%s: needs a value", a);
             if (scope_value != NULL)
-                return usage_error(synopsis, "%s: given twice", a);
+                return key_usage_error(synopsis, cmd, misplaced, "%s: given twice", a);
             scope_value = argv[++i];
         } else if ((strcmp(a, "--force") == 0 || strcmp(a, "--allow-shared-fs") == 0) && !forget) {
-            return usage_error(synopsis, "%s: only with forget-key (show-key only reads)", a);
+            return key_usage_error(synopsis, cmd, misplaced,
+                                   "%s: only with forget-key (show-key only reads)", a);
         } else if (strcmp(a, "--force") == 0 || strcmp(a, "--allow-shared-fs") == 0) {
             bool *flag = strcmp(a, "--force") == 0 ? &ka->force : &ka->allow_shared_fs;
             if (*flag)
-                return usage_error(synopsis, "%s: given twice", a);
+                return key_usage_error(synopsis, cmd, misplaced, "%s: given twice", a);
             *flag = true;
         } else if (a[0] == '-' && a[1] != '\0') {
-            return usage_error(synopsis, "%s: unknown option", a);
+            return key_usage_error(synopsis, cmd, misplaced, "%s: unknown option", a);
         } else {
-            return usage_error(synopsis, "%s: unexpected argument (%s takes PATH SCOPE KEY)", a,
-                               cmd);
+            return key_usage_error(synopsis, cmd, misplaced,
+                                   "%s: unexpected argument (%s takes PATH SCOPE KEY)", a, cmd);
         }
     }
     ka->path = argv[2];
@@ -1003,8 +1048,9 @@ int main(int argc, char **argv)
                                       : "unexpected argument");
         }
         /* "--config --upstream URL": the file was left out, and the next
-         * option is not its value. */
-        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+         * option is not its value. Only one of the options: a value may
+         * start with "--" too (a store directory "--data", say). */
+        if (i + 1 >= argc || is_run_option(argv[i + 1]))
             return usage_error(synopsis, "%s: needs a value", a);
         /* Given twice is a mistake somewhere (a wrapper script adding its
          * own --store, say): say so rather than silently take one. */

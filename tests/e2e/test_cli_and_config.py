@@ -346,6 +346,44 @@ class CliAndConfig(harness.ProxyTestCase):
         p = self.run_bin("show-key", self.store_path, "payments", "k-1")
         self.assertEqual(p.returncode, 1, p.stderr)
 
+    def test_values_and_keys_that_start_with_dashes_are_still_taken(self):
+        # A key may be "--force" (a client may send any visible key) and a
+        # store directory "--data": the usage errors of 6c2480d refused both,
+        # taking them for misplaced options or a missing value.
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "--force"))
+        self.assertEqual(proxy.stop(), 0, proxy.stderr())
+        p = self.run_bin("show-key", self.store_path, "payments", "--force")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(json.loads(p.stdout)["found"])
+        p = self.run_bin("forget-key", self.store_path, "payments", "--force", "--force")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(json.loads(p.stdout)["forgotten"])
+        for key in ("--scope-header-value", "--allow-shared-fs"):
+            p = self.run_bin("show-key", self.store_path, "payments", key)
+            self.assertEqual(p.returncode, 1, (key, p.stderr))  # none: looked up
+        # An option in PATH, SCOPE or KEY's place is still said as that
+        # when the command line is wrong either way.
+        for args in (("show-key", self.store_path, "--force"),
+                     ("forget-key", self.store_path, "--force", "payments", "k"),
+                     ("forget-key", self.store_path, "payments", "--force", "k")):
+            p = self.run_bin(*args)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(b"--force: the options come after PATH SCOPE KEY", p.stderr, args)
+        path = self.write("up.json", {"upstream": "http://127.0.0.1:9"})
+        p = self.run_bin("check-config", path, "--store", "--data")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn('"path": "--data"', p.stdout.decode())
+        # A value that is no URL is said as that, not as a missing value.
+        p = self.run_bin("check-config", path, "--upstream", "--x")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn(b'"--x" is not an http:// URL', p.stderr)
+        for args in (("--config", "--store", "st"), ("check-config", path, "--store", "--help"),
+                     ("--upstream", "--version")):
+            p = self.run_bin(*args)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(b": needs a value", p.stderr, args)
+
     def test_running_without_upstream_says_how_to_give_one(self):
         path = self.write("noup.json", {"routes": [{"path": "/v1/payments"}]})
         p = self.run_bin("--config", path)
