@@ -1174,6 +1174,32 @@ static int check_tokens(char *const *list, size_t n, const char *field, const ch
     return rc;
 }
 
+/* A scope_header must name the caller (a tenant, an account), not a part of
+ * the request the proxy reads or drops itself: with Content-Length, a
+ * duplicate with another body would be a new key in another scope, run
+ * again instead of refused with 422. */
+static bool scope_header_usable(const char *name)
+{
+    static const char *const refused[] = {
+        "Idempotency-Key",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Content-Type",
+        "Content-Encoding",
+        "Connection",
+        "Keep-Alive",
+        "TE",
+        "Trailer",
+        "Upgrade",
+        "Expect",
+    };
+
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        if (strcasecmp(name, refused[i]) == 0)
+            return false;
+    return true;
+}
+
 static int check_route(const struct config_route *r, size_t index, struct errbuf *e)
 {
     char where[FIELD_LEN];
@@ -1196,6 +1222,14 @@ static int check_route(const struct config_route *r, size_t index, struct errbuf
         rc = invalid(e, FIELD("scope"), "must be visible ASCII (no spaces or controls)");
     else if (r->scope_header != NULL && !config_is_token(r->scope_header))
         rc = invalid(e, FIELD("scope_header"), "is not a header name");
+    else if (r->scope_header != NULL && !scope_header_usable(r->scope_header))
+        rc = invalid(e, FIELD("scope_header"), "\"%s\" cannot name a tenant: %s", r->scope_header,
+                     strcasecmp(r->scope_header, "Idempotency-Key") == 0
+                         ? "it is the key itself (each key would be a scope of its own; use a "
+                           "header that names the caller)"
+                         : "it says how the body or the connection is sent (a duplicate "
+                           "differing in it would be a new key in another scope, run again "
+                           "instead of refused with 422)");
     else if (r->ttl_ms <= 0)
         rc = check_positive(r->ttl_ms, FIELD("ttl"), e);
     /* Waiting duplicates in another process learn of a completion by
