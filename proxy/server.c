@@ -198,7 +198,6 @@ struct request {
     size_t body_len, body_cap;
     uint64_t charged;      /* of server.max_buffered: returned by request_free() */
     uint64_t body_charged; /* of which for the body: its Content-Length, or body_cap */
-    bool resp_cap_charged; /* resp_body's growth was charged as it came */
     size_t resp_grown;     /* of charged: the native exchange's body buffer, as it grew */
     uint64_t store_charged; /* of charged: the store's copy of a complete, until it is delivered */
     bool budget_full;      /* oom: server.max_buffered, not a failed allocation */
@@ -1321,7 +1320,6 @@ static size_t on_upstream_body(char *ptr, size_t size, size_t nmemb, void *userd
         }
         /* The action ran: counted, never refused (budget_take()). */
         budget_take(r, ncap - r->resp_cap, true);
-        r->resp_cap_charged = true;
         r->resp_body = nb;
         r->resp_cap = ncap;
     }
@@ -1748,8 +1746,9 @@ static void native_body_grew(void *ctx, size_t more)
 }
 
 /* The exchange is over: what its growth counted becomes cap, the buffer the
- * request took over (0: none, it was freed with the exchange). Equal but for
- * a resend that started the answer over. */
+ * request took over (0: none, it was freed with the exchange). The two are
+ * equal for an answer: the client resends only before any answer byte, when
+ * nothing has grown yet. */
 static void native_body_settle(struct request *r, size_t cap)
 {
     if (cap > r->resp_grown)
@@ -1780,7 +1779,6 @@ static void native_done(struct upstream_exchange *x)
         r->resp_len = resp->body_len;
         r->resp_cap = resp->body_cap;
         native_body_settle(r, r->resp_cap); /* counted as it arrived */
-        r->resp_cap_charged = true;
         resp->body = NULL;
         resp->body_len = resp->body_cap = 0;
     } else {
