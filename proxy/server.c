@@ -1798,6 +1798,25 @@ static void native_check_done(struct worker *w)
         native_done(x);
 }
 
+/* The exchange is over and nothing sends or hashes the request body again
+ * (the fingerprints were made before the acquire): it is freed, and given
+ * back to server.max_buffered, now rather than once the answer has been
+ * sent. Otherwise a large body stays counted through the complete's commit
+ * and while a slow client reads the answer, and a client that has its
+ * answer can find the proxy still full of the body it sent. body_len stays:
+ * it is what was received. */
+static void request_body_drop(struct request *r)
+{
+    free(r->body);
+    r->body = NULL;
+    r->body_cap = 0;
+    r->fp.body = NULL;
+    if (r->body_charged > 0) {
+        budget_give(r, r->body_charged);
+        r->body_charged = 0;
+    }
+}
+
 /* After the exchange, whichever client ran it: the client's answer, and
  * the record's complete or release. */
 static void upstream_finish(struct request *r, enum idem_upstream_result res, long status)
@@ -1805,6 +1824,7 @@ static void upstream_finish(struct request *r, enum idem_upstream_result res, lo
     struct MHD_Response *resp = NULL;
     const char *outcome = r->keyed ? "forwarded" : "passthrough";
 
+    request_body_drop(r);
     r->upstream_ms = mono_ms_f() - (double)r->upstream_start_ms;
     if (res == IDEM_UPSTREAM_RESPONSE) {
         r->resp_status = (int)status;

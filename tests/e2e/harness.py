@@ -305,7 +305,8 @@ def request(port, method, path, headers=(), body=b"", chunked=False, timeout=15.
         return c.request(method, path, headers, body, chunked=chunked, **kw)
 
 
-def slow_post(proxy, key, headers=(), timeout=30):
+def slow_post(proxy, key, headers=(), timeout=30, body=None,
+              content_type="application/json"):
     """Sends a keyed POST on a connection with a small receive buffer that
     reads nothing yet: a large answer stays in the proxy until
     read_slow_post() takes it. Returns the socket."""
@@ -315,8 +316,8 @@ def slow_post(proxy, key, headers=(), timeout=30):
     c.connect(("127.0.0.1", proxy.port))
     c.sendall(build_request(
         "POST", "/v1/payments",
-        [("Host", "x"), ("Content-Type", "application/json"), ("Idempotency-Key", key)]
-        + list(headers), PAYMENT_BODY))
+        [("Host", "x"), ("Content-Type", content_type), ("Idempotency-Key", key)]
+        + list(headers), PAYMENT_BODY if body is None else body))
     return c
 
 

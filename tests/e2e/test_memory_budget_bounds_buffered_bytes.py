@@ -11,7 +11,9 @@ key stays unused), and a replay that does not fit gets the same 503. What the
 refused requests took is given back: afterwards everything fits again.
 """
 
+import json
 import socket
+import subprocess
 import threading
 import time
 import unittest
@@ -65,18 +67,54 @@ class MemoryBudget(harness.ProxyTestCase):
 
     def test_chunked_body_past_the_budget_gets_503(self):
         # Counted as it arrives: 3 MiB held by a slow request, then a chunked
-        # 3 MiB body does not fit in 4 MiB.
+        # 2 MiB body does not fit in 4 MiB. Its retry does once the held
+        # request has its answer: the held body was given back when the
+        # upstream answered (test_body_given_back_once_the_answer_is_in).
+        # (2 MiB: a chunked body's buffer doubles, and 3 MiB would take all
+        # of 4 MiB.)
         proxy = self.start_proxy(config=self.config_with("4MiB", max_body="4MiB"))
         held = harness.in_thread(self.post, proxy, "held", body=b"h" * (3 * MIB),
                                  content_type="application/octet-stream",
                                  headers=[("X-Test-Delay-Ms", "2000")], timeout=20)
         harness.wait_for(lambda: self.upstream.count("held") == 1, timeout=10)
-        r = self.chunked_post(proxy, "chunked", 3 * MIB)
+        r = self.chunked_post(proxy, "chunked", 2 * MIB)
         doc = self.assertProblem(r, 503)
         self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
         self.assertEqual(self.upstream.count("chunked"), 0)
         self.assertExecuted(held.result())
-        self.assertExecuted(self.chunked_post(proxy, "chunked", 3 * MIB))
+        self.assertExecuted(self.chunked_post(proxy, "chunked", 2 * MIB))
+
+    def test_body_given_back_once_the_answer_is_in(self):
+        """A request's body is given back to the budget once the upstream
+        has answered, not once the client has read the answer. Until
+        2026-12-06 it stayed counted until then: a client that already had
+        its answer could be refused for the body it had sent, and a slow
+        reader kept the body counted as long as it took. Here a 6 MiB body
+        whose 6 MiB answer is stored but not read yet (too large for the
+        socket buffers) leaves room in 16 MiB for the next 6 MiB request
+        (before, 503)."""
+        proxy = self.start_proxy(config=self.config_with("16MiB", max_body="8MiB"))
+        size = 6 * MIB
+        c = harness.slow_post(proxy, "held", [("X-Test-Fault", "huge"),
+                                              ("X-Test-Size", str(size))],
+                              body=b"h" * (6 * MIB), content_type="application/octet-stream")
+        try:
+            # Stored (COMPLETE): the exchange is over; the answer waits for
+            # a client that reads nothing yet.
+            self.assertEqual(harness.wait_for(lambda: self.state("held") == "complete",
+                                              timeout=10), True)
+            self.assertExecuted(self.post(proxy, "next", body=b"n" * (6 * MIB),
+                                          content_type="application/octet-stream", timeout=20))
+        finally:
+            held = harness.read_slow_post(proxy, c)
+        self.assertEqual(held.status, 201, held)
+        self.assertEqual(held.body, harness.huge_body(size))
+
+    def state(self, key):
+        p = subprocess.run([harness.binary(), "show-key", self.store_path, "payments", key],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        out = p.stdout.decode("utf-8", "replace").strip()
+        return json.loads(out).get("state") if out else None
 
     def chunked_post(self, proxy, key, size):
         # In 64 KiB chunks (harness.build_request's are 7 bytes).
