@@ -67,7 +67,7 @@ static const char usage[] =
     "  --store PATH       LMDB store directory, overrides \"store.path\"\n"
     "  check-config FILE  validate FILE (with the overrides given) and print the\n"
     "                     effective configuration; exit 1 if the proxy could not run\n"
-    "                     with it (no upstream, say)\n"
+    "                     with it (no upstream, a store.path it could not use)\n"
     "  check-store PATH   decode every record of a store and check its invariants\n"
     "                     (JSON summary; --records adds one line per record)\n"
     "  show-key PATH SCOPE KEY\n"
@@ -155,6 +155,13 @@ static int check_config(const char *path, const char *listen, const char *upstre
     }
     /* Validates the whole configuration, as the proxy does at start. */
     if (config_override(cfg, listen, upstream, store_path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemproxy: %s\n", err);
+        goto out;
+    }
+    /* What would stop the proxy at start, looked at without making the
+     * store: the proxy makes store.path and its data file there. */
+    if (store_lmdb_path_check(cfg->store.path, !cfg->store.require_local_fs, err, sizeof(err)) !=
+        STORE_OK) {
         fprintf(stderr, "idemproxy: %s\n", err);
         goto out;
     }

@@ -49,6 +49,7 @@
 #include <lmdb.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2621,6 +2622,103 @@ static int make_dirs(const char *path, size_t *made_len, char *err, size_t errle
 out:
     free(buf);
     return rc;
+}
+
+/* "as user NAME" (or uid N), for a permission message: the proxy may run
+ * as another user than the one checking. */
+static void user_name(char *buf, size_t len)
+{
+    const struct passwd *pw = getpwuid(geteuid()); /* the command line's one thread */
+
+    if (pw != NULL && pw->pw_name != NULL)
+        snprintf(buf, len, "user %s", pw->pw_name);
+    else
+        snprintf(buf, len, "uid %u", (unsigned)geteuid());
+}
+
+static int probe_data_file(const char *path, bool read_only, bool *exists, bool *has_lock,
+                           char *err, size_t errlen);
+
+static int no_access(const char *what, const char *path, int e, char *err, size_t errlen)
+{
+    char user[64];
+
+    user_name(user, sizeof(user));
+    snprintf(err, errlen, "store: %s %s (as %s): %s", what, path, user, strerror(e));
+    return e == EACCES || e == EPERM || e == EROFS ? STORE_EINVAL : STORE_EIO;
+}
+
+int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen)
+{
+    char at[4096];
+    struct stat sb;
+    const char *shared = NULL;
+    bool exists = false, has_lock = false;
+    size_t n = strlen(path);
+    int rc = check_file_system(path, allow_shared_fs, &shared, err, errlen);
+
+    if (rc != STORE_OK)
+        return rc;
+    if (stat(path, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode)) {
+            snprintf(err, errlen, "store: %s is not a directory", path);
+            return STORE_EINVAL;
+        }
+        if (access(path, R_OK | W_OK | X_OK) != 0)
+            return no_access("cannot write in", path, errno, err, errlen);
+        rc = probe_data_file(path, false, &exists, &has_lock, err, errlen);
+        if (rc != STORE_OK)
+            return rc;
+        if (snprintf(at, sizeof(at), "%s/data.mdb", path) >= (int)sizeof(at)) {
+            snprintf(err, errlen, "store: path too long");
+            return STORE_EINVAL;
+        }
+        if (exists && access(at, R_OK | W_OK) != 0)
+            return no_access("cannot read and write", at, errno, err, errlen);
+        if (snprintf(at, sizeof(at), "%s/lock.mdb", path) >= (int)sizeof(at)) {
+            snprintf(err, errlen, "store: path too long");
+            return STORE_EINVAL;
+        }
+        if (has_lock && access(at, R_OK | W_OK) != 0)
+            return no_access("cannot read and write", at, errno, err, errlen);
+        return STORE_OK;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, errlen, "store: %s: %s", path, strerror(errno));
+        return errno == ENOTDIR ? STORE_EINVAL : STORE_EIO;
+    }
+    /* Made at start (make_dirs()): the nearest directory that exists above
+     * it must be one this user can make it in. */
+    if (n == 0 || n >= sizeof(at)) {
+        snprintf(err, errlen, "store: bad path");
+        return STORE_EINVAL;
+    }
+    memcpy(at, path, n + 1);
+    for (;;) {
+        char *slash = strrchr(at, '/');
+        if (slash == NULL)
+            memcpy(at, ".", 2);
+        else if (slash == at)
+            at[1] = '\0';
+        else
+            *slash = '\0';
+        if (stat(at, &sb) == 0)
+            break;
+        if (errno != ENOENT || strcmp(at, ".") == 0 || strcmp(at, "/") == 0) {
+            snprintf(err, errlen, "store: cannot create %s: %s: %s", path, at, strerror(errno));
+            return errno == ENOTDIR ? STORE_EINVAL : STORE_EIO;
+        }
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "store: cannot create %s: %s is not a directory", path, at);
+        return STORE_EINVAL;
+    }
+    if (access(at, W_OK | X_OK) != 0) {
+        char what[4200];
+        snprintf(what, sizeof(what), "cannot create %s: no permission to write in", path);
+        return no_access(what, at, errno, err, errlen);
+    }
+    return STORE_OK;
 }
 
 /* The lease epoch this process's clock is on: NULL when it has none (a

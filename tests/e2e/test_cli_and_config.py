@@ -9,6 +9,7 @@ store and 1 on one holding a key twice."""
 
 import json
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -127,6 +128,64 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertIn("is not a directory", err)
         self.assertEqual(err.count(path), 1, err)
         self.assertEqual(err.count("store:") + err.count("store /"), 1, err)
+
+    def test_check_config_looks_at_the_store_path_without_making_it(self):
+        """check-config exited 0 for a store.path the proxy then could not
+        use (a file, a path under a file, a damaged data file, a directory
+        it may not write in), so a deploy gated on it failed at start. It
+        now exits 1 naming the problem, and makes nothing: a store not made
+        yet stays unmade."""
+        cfg = self.write("st.json", {"upstream": "http://127.0.0.1:9"})
+
+        def check(store):
+            p = self.run_bin("check-config", cfg, "--store", store)
+            return p.returncode, p.stderr.decode("utf-8", "replace")
+
+        a_file = self.write("a-file", "x")
+        rc, err = check(a_file)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("%s is not a directory" % a_file, err)
+        rc, err = check(os.path.join(a_file, "st"))
+        self.assertEqual(rc, 1, err)
+        self.assertIn("Not a directory", err)
+        damaged = os.path.join(self.workdir, "damaged")
+        os.mkdir(damaged)
+        open(os.path.join(damaged, "data.mdb"), "wb").close()
+        rc, err = check(damaged)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("is damaged: data.mdb is 0 bytes", err)
+        # Not made yet: fine, and still not made (nor its parents).
+        new = os.path.join(self.workdir, "new", "deeper", "st")
+        rc, err = check(new)
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "new")))
+        # An existing store (made by a proxy) is fine too.
+        proxy = self.start_proxy()
+        self.assertExecuted(self.post(proxy, "k1"))
+        rc, err = check(self.store_path)
+        self.assertEqual(rc, 0, err)
+        # A directory the checking user may not write in. As root (CI),
+        # whom permissions do not stop, the check runs as "nobody", from
+        # a copy of the binary that user may run.
+        ro = os.path.join(self.workdir, "ro")
+        os.mkdir(ro)
+        os.chmod(ro, 0o555)
+        os.chmod(self.workdir, 0o755)
+        os.chmod(cfg, 0o644)
+        run_as = {}
+        binary = harness.binary()
+        if os.geteuid() == 0:
+            binary = os.path.join(self.workdir, "idemproxy-copy")
+            shutil.copy(harness.binary(), binary)
+            os.chmod(binary, 0o755)
+            run_as = {"user": "nobody", "group": "nogroup", "extra_groups": []}
+        p = subprocess.run([binary, "check-config", cfg, "--store", os.path.join(ro, "st")],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                           cwd="/", **run_as)
+        err = p.stderr.decode("utf-8", "replace")
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("no permission to write in %s" % ro, err)
+        self.assertFalse(os.path.exists(os.path.join(ro, "st")))
 
     def test_check_store_finds_a_key_stored_twice(self):
         proxy = self.start_proxy()
