@@ -13,6 +13,7 @@ whose TTL ends and which runs again, is never replayed from the copy of its
 earlier answer, even while clients are still reading that one.
 """
 
+import socket
 import subprocess
 import time
 import unittest
@@ -32,6 +33,19 @@ def answer_size():
     except (OSError, ValueError, IndexError):
         wmem_max = 4 * MIB
     return max(6 * MIB, (wmem_max // MIB + 2) * MIB)
+
+
+def answered(conns, timeout=15):
+    """Waits until the answer to each slow_post() request in conns has
+    started to arrive (its status line), without reading it: the proxy has
+    made each one's answer. (A fixed sleep was a guess at how long that
+    takes on a loaded machine.)"""
+    for c in conns:
+        c.settimeout(timeout)
+        head = c.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL)
+        c.settimeout(30)
+        if not head.startswith(b"HTTP/1.1 "):
+            raise AssertionError("no answer within %gs: %r" % (timeout, head))
 
 
 def without_date(resp):
@@ -58,13 +72,24 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
         self.assertEqual(first.body, harness.huge_body(size))
         other = self.post(proxy, "other", headers=hdrs, timeout=30)
         self.assertEqual(other.status, 201, other)
-        # What a replay is, one at a time: the reference.
-        ref = self.post(proxy, "big", headers=hdrs, timeout=30)
+        # What a replay is, one at a time: the reference. "other"'s 6 MiB
+        # answer is counted until libmicrohttpd reports it sent, which can
+        # be just after this client has read it: until then a replay does
+        # not fit (8 MiB), so a 503 out-of-memory is retried.
+        def reference():
+            r = self.post(proxy, "big", headers=hdrs, timeout=30)
+            if r.status == 503:
+                self.assertTrue(self.assertProblem(r, 503)["type"].endswith(":out-of-memory"))
+                return None
+            return r
+        ref = harness.wait_for(reference, timeout=10, interval=0.1)
+        self.assertIsNotNone(ref, "a lone replay of the stored answer was refused for 10 s")
         self.assertEqual(ref.status, 201, ref)
         self.assertTrue(ref.replayed, ref)
 
         conns = [harness.slow_post(proxy, "big", hdrs) for _ in range(12)]
-        time.sleep(2)
+        # Every replay answered (its first bytes here), none read yet.
+        answered(conns)
         # The shared copy is counted: a 6 MiB replay of another record does
         # not fit next to it.
         late = self.post(proxy, "other", headers=hdrs, timeout=30)
@@ -113,13 +138,14 @@ class ConcurrentReplaysShareOneCopy(harness.ProxyTestCase):
 
         answers = [run(0)]
         held = [[harness.slow_post(proxy, "k", self.huge(size, pat[0])) for _ in range(3)]]
-        time.sleep(1)
+        answered(held[0])  # replayed from the first answer's copy
         rc = subprocess.run([harness.binary(), "forget-key", self.store_path,
                                      "payments", "k"], capture_output=True, timeout=30)
         self.assertEqual(rc.returncode, 0, rc.stderr)
         answers.append(run(1))
         self.assertEqual(self.upstream.count("k"), 2)
         held.append([harness.slow_post(proxy, "k", self.huge(size, pat[0])) for _ in range(3)])
+        answered(held[1])  # before the TTL of the second answer ends
         replays_give(1, answers[1])
 
         time.sleep(3.5)  # the TTL of the second answer ends
