@@ -15,7 +15,6 @@ import json
 import socket
 import subprocess
 import threading
-import time
 import unittest
 
 import harness
@@ -142,8 +141,13 @@ class MemoryBudget(harness.ProxyTestCase):
             self.assertEqual(first.body, harness.huge_body(size))
 
         conns = [harness.slow_post(proxy, key, hdrs, timeout=20) for key in keys]
-        # Every replay answered (or refused) while none is read yet.
-        time.sleep(2)
+        # Every replay answered (or refused) while none is read yet: each
+        # client has its status line (peeked, not read). A fixed 2 s sleep
+        # was a guess; a replay not yet made when the first one is read
+        # would fit in the room that read gives back.
+        for c in conns:
+            self.assertTrue(c.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL)
+                            .startswith(b"HTTP/1.1 "), "a replay was not answered")
         statuses = []
         for c in conns:
             r = harness.read_slow_post(proxy, c)
