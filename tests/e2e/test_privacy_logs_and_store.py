@@ -90,7 +90,9 @@ class PrivacyLogsAndStore(harness.ProxyTestCase):
                                      headers=[("Authorization", alice)]), 400)
         slow = harness.in_thread(self.post, proxy, key + "-slow", headers=[
             ("Authorization", alice), ("X-Test-Delay-Ms", "600"), quiet])
-        time.sleep(0.2)
+        # Held once the upstream has it (the acquire is committed first): a
+        # fixed 0.2 s could end before a loaded machine's fsync did.
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count(key + "-slow") == 1, 10))
         self.assertProblem(self.post(proxy, key + "-slow", headers=[("Authorization", alice)]),
                            409)
         self.assertEqual(slow.result(10).status, 204)
