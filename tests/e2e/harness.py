@@ -165,10 +165,13 @@ def build_request(method, path, headers=(), body=b"", chunked=False, host=None,
 class Conn:
     """One client connection; several requests may be sent on it (keep-alive)."""
 
-    def __init__(self, port, host="127.0.0.1", timeout=15.0):
+    def __init__(self, port, host="127.0.0.1", timeout=15.0, source=None):
+        """source: the client's address (e.g. "127.0.0.2", another loopback
+        address), for per-address limits; None: the kernel's choice."""
         self.port = port
         self.host = host
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.settimeout(timeout)
         self.buf = b""
 

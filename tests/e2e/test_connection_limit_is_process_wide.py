@@ -25,11 +25,12 @@ ATTEMPTS = 3 * LIMIT
 PROMPT_S = 10.0
 
 
-def attempt(port):
-    """Opens a connection and sends a request. Returns ("served", conn) with
-    the connection kept open (keep-alive), ("closed", None) when the proxy
-    closed it, or ("hung", None) when neither happened within PROMPT_S."""
-    c = harness.Conn(port, timeout=PROMPT_S)
+def attempt(port, source=None):
+    """Opens a connection (from address source, if given) and sends a
+    request. Returns ("served", conn) with the connection kept open
+    (keep-alive), ("closed", None) when the proxy closed it, or ("hung",
+    None) when neither happened within PROMPT_S."""
+    c = harness.Conn(port, timeout=PROMPT_S, source=source)
     try:
         c.send(harness.build_request("GET", "/held", host="proxy.test"))
         resp = c.read_response("GET")
@@ -98,36 +99,42 @@ class ConnectionLimit(harness.ProxyTestCase):
         # process. It used to be split over the workers: with 2 workers and
         # a limit of 4, a third connection hashed to one worker was refused
         # while the address held 2 in all. Several rounds, so that the hash
-        # puts 3 on one worker in at least one of them.
+        # puts 3 on one worker in at least one of them. Each round from an
+        # address of its own (127.0.0.2, .3, ...): a closed connection frees
+        # its count only once the proxy has read the close, so the round
+        # after it could find the address's count not yet down to 0 (a
+        # fixed 0.3 s sleep between rounds was a guess at how long that
+        # takes).
         proxy = self.start_proxy(config=self.config(
             server={"workers": 2, "max_connections": 64, "per_ip_connections": LIMIT}))
         for rnd in range(6):
+            source = "127.0.0.%d" % (rnd + 2)
             held = []
             try:
                 for i in range(LIMIT):
-                    what, c = attempt(proxy.port)
+                    what, c = attempt(proxy.port, source)
                     self.assertEqual(what, "served", "round %d: connection %d of %d"
                                      % (rnd, i + 1, LIMIT))
                     held.append(c)
-                what, c = attempt(proxy.port)
+                what, c = attempt(proxy.port, source)
                 if c is not None:
                     c.close()
                 self.assertEqual(what, "closed", "round %d: over the per-IP limit" % rnd)
             finally:
                 for c in held:
                     c.close()
-            # The closes are read by the proxy before the next round.
-            self.served_within(proxy, PROMPT_S, "round %d: after closing" % rnd).close()
-            time.sleep(0.3)
+            # The closes free the address's count.
+            self.served_within(proxy, PROMPT_S, "round %d: after closing" % rnd,
+                               source).close()
 
-    def served_within(self, proxy, seconds, what):
+    def served_within(self, proxy, seconds, what, source=None):
         """A new connection served within seconds; attempts closed by the
         proxy are retried (a closed connection frees its slot once the proxy
         has read the close)."""
         deadline = time.monotonic() + seconds
         seen = []
         while True:
-            outcome, c = attempt(proxy.port)
+            outcome, c = attempt(proxy.port, source)
             seen.append(outcome)
             if c is not None:
                 self.addCleanup(c.close)
