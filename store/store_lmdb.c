@@ -2648,7 +2648,29 @@ static int no_access(const char *what, const char *path, int e, char *err, size_
     return e == EACCES || e == EPERM || e == EROFS ? STORE_EINVAL : STORE_EIO;
 }
 
-int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen)
+/* As this process would be let (its effective ids and capabilities), not
+ * as access()'s real ids. */
+static bool may(const char *path, int mode)
+{
+    return faccessat(AT_FDCWD, path, mode, AT_EACCESS) == 0;
+}
+
+/* A file of an existing store directory that the proxy opens for reading
+ * and writing, when it is there. */
+static int file_usable(const char *dir, const char *name, char *err, size_t errlen)
+{
+    char at[4096];
+
+    if (snprintf(at, sizeof(at), "%s/%s", dir, name) >= (int)sizeof(at)) {
+        snprintf(err, errlen, "store: path too long");
+        return STORE_EINVAL;
+    }
+    if (access(at, F_OK) == 0 && !may(at, R_OK | W_OK))
+        return no_access("cannot read and write", at, errno, err, errlen);
+    return STORE_OK;
+}
+
+static int path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen)
 {
     char at[4096];
     struct stat sb;
@@ -2664,28 +2686,28 @@ int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, siz
             snprintf(err, errlen, "store: %s is not a directory", path);
             return STORE_EINVAL;
         }
-        if (access(path, R_OK | W_OK | X_OK) != 0)
+        /* Write and search; reading the directory is not needed. */
+        if (!may(path, W_OK | X_OK))
             return no_access("cannot write in", path, errno, err, errlen);
         rc = probe_data_file(path, false, &exists, &has_lock, err, errlen);
-        if (rc != STORE_OK)
-            return rc;
-        if (snprintf(at, sizeof(at), "%s/data.mdb", path) >= (int)sizeof(at)) {
-            snprintf(err, errlen, "store: path too long");
-            return STORE_EINVAL;
-        }
-        if (exists && access(at, R_OK | W_OK) != 0)
-            return no_access("cannot read and write", at, errno, err, errlen);
-        if (snprintf(at, sizeof(at), "%s/lock.mdb", path) >= (int)sizeof(at)) {
-            snprintf(err, errlen, "store: path too long");
-            return STORE_EINVAL;
-        }
-        if (has_lock && access(at, R_OK | W_OK) != 0)
-            return no_access("cannot read and write", at, errno, err, errlen);
-        return STORE_OK;
+        if (rc == STORE_OK)
+            rc = file_usable(path, "data.mdb", err, errlen);
+        if (rc == STORE_OK)
+            rc = file_usable(path, "lock.mdb", err, errlen);
+        if (rc == STORE_OK)
+            rc = file_usable(path, "durability.lock", err, errlen);
+        return rc;
     }
+    if (errno == EACCES)
+        return no_access("cannot reach", path, errno, err, errlen);
     if (errno != ENOENT) {
         snprintf(err, errlen, "store: %s: %s", path, strerror(errno));
         return errno == ENOTDIR ? STORE_EINVAL : STORE_EIO;
+    }
+    if (lstat(path, &sb) == 0) {
+        /* mkdir() would find it there (EEXIST) and the open then fail. */
+        snprintf(err, errlen, "store: %s is a symbolic link to a path that does not exist", path);
+        return STORE_EINVAL;
     }
     /* Made at start (make_dirs()): the nearest directory that exists above
      * it must be one this user can make it in. */
@@ -2704,6 +2726,8 @@ int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, siz
             *slash = '\0';
         if (stat(at, &sb) == 0)
             break;
+        if (errno == EACCES)
+            return no_access("cannot reach", at, errno, err, errlen);
         if (errno != ENOENT || strcmp(at, ".") == 0 || strcmp(at, "/") == 0) {
             snprintf(err, errlen, "store: cannot create %s: %s: %s", path, at, strerror(errno));
             return errno == ENOTDIR ? STORE_EINVAL : STORE_EIO;
@@ -2713,12 +2737,30 @@ int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, siz
         snprintf(err, errlen, "store: cannot create %s: %s is not a directory", path, at);
         return STORE_EINVAL;
     }
-    if (access(at, W_OK | X_OK) != 0) {
+    if (!may(at, W_OK | X_OK)) {
         char what[4200];
         snprintf(what, sizeof(what), "cannot create %s: no permission to write in", path);
         return no_access(what, at, errno, err, errlen);
     }
     return STORE_OK;
+}
+
+int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen)
+{
+    int rc = path_check(path, allow_shared_fs, err, errlen);
+    char cwd[4096];
+
+    /* The proxy takes a relative path from its own working directory,
+     * which need not be this one. */
+    if (rc != STORE_OK && path[0] != '/' && getcwd(cwd, sizeof(cwd)) != NULL) {
+        size_t used = strlen(err);
+        if (used + 1 < errlen)
+            snprintf(err + used, errlen - used,
+                     " (store.path is relative: looked at from this working directory, %s; the "
+                     "proxy takes it from its own)",
+                     cwd);
+    }
+    return rc;
 }
 
 /* The lease epoch this process's clock is on: NULL when it has none (a

@@ -9,6 +9,7 @@ store and 1 on one holding a key twice."""
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import unittest
@@ -164,12 +165,21 @@ class CliAndConfig(harness.ProxyTestCase):
         self.assertExecuted(self.post(proxy, "k1"))
         rc, err = check(self.store_path)
         self.assertEqual(rc, 0, err)
-        # A directory the checking user may not write in. As root (CI),
-        # whom permissions do not stop, the check runs as "nobody", from
-        # a copy of the binary that user may run.
+        # A dangling symbolic link: the proxy's mkdir finds it, and fails.
+        link = os.path.join(self.workdir, "dangling")
+        os.symlink(os.path.join(self.workdir, "nowhere", "st"), link)
+        rc, err = check(link)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("symbolic link to a path that does not exist", err)
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "nowhere")))
+        # Permissions, as the checking user. As root (CI), whom permissions
+        # do not stop, the checks run as "nobody", from a copy of the binary
+        # that user may run.
         ro = os.path.join(self.workdir, "ro")
         os.mkdir(ro)
         os.chmod(ro, 0o555)
+        wx = os.path.join(self.workdir, "wx")  # write and search, no listing
+        os.mkdir(wx)
         os.chmod(self.workdir, 0o755)
         os.chmod(cfg, 0o644)
         run_as = {}
@@ -178,14 +188,30 @@ class CliAndConfig(harness.ProxyTestCase):
             binary = os.path.join(self.workdir, "idemproxy-copy")
             shutil.copy(harness.binary(), binary)
             os.chmod(binary, 0o755)
-            run_as = {"user": "nobody", "group": "nogroup", "extra_groups": []}
-        p = subprocess.run([binary, "check-config", cfg, "--store", os.path.join(ro, "st")],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                           cwd="/", **run_as)
-        err = p.stderr.decode("utf-8", "replace")
-        self.assertEqual(p.returncode, 1, err)
+            nobody = pwd.getpwnam("nobody")
+            os.chown(wx, nobody.pw_uid, nobody.pw_gid)
+            run_as = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+        os.chmod(wx, 0o300)
+
+        def check_as(store, cwd="/"):
+            p = subprocess.run([binary, "check-config", cfg, "--store", store],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                               cwd=cwd, **run_as)
+            return p.returncode, p.stderr.decode("utf-8", "replace")
+
+        rc, err = check_as(os.path.join(ro, "st"))
+        self.assertEqual(rc, 1, err)
         self.assertIn("no permission to write in %s" % ro, err)
         self.assertFalse(os.path.exists(os.path.join(ro, "st")))
+        # A relative path is looked at from the working directory, and the
+        # message says which.
+        rc, err = check_as("st", cwd=ro)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("store.path is relative: looked at from this working directory, %s" % ro,
+                      err)
+        # The proxy needs to write in and search its directory, not list it.
+        rc, err = check_as(wx)
+        self.assertEqual(rc, 0, err)
 
     def test_check_store_finds_a_key_stored_twice(self):
         proxy = self.start_proxy()
