@@ -139,7 +139,7 @@ static int key_usage_error(const char *synopsis, const char *cmd, const char *mi
 static int check_config(const char *path, const char *listen, const char *upstream,
                         const char *store_path)
 {
-    char err[512];
+    char err[1024]; /* a store message may name two paths and the working directory */
     struct config *cfg = NULL;
     char *dump = NULL;
     int rc = 1;

@@ -338,11 +338,14 @@ extern const struct store_ops store_lmdb_ops;
 
 /* What an LMDB store at path needs to open for writing, looked at without
  * making or changing anything (check-config): a local file system (unless
- * allow_shared_fs), path a directory this user may write in, or the nearest
- * directory that exists above it one where it can be made, and a data.mdb
- * there that is not damaged (0 bytes) and may be read and written.
- * STORE_OK, or an error with a message in err. Permissions are this user's:
- * another user (the service's) may see otherwise. */
+ * allow_shared_fs), path a directory this user may write in and search, or
+ * (not there yet, and not a dangling symbolic link) the nearest directory
+ * that exists above it one where it can be made, and a data.mdb there that
+ * is not damaged (0 bytes); data.mdb, lock.mdb and durability.lock, where
+ * present, readable and writable. STORE_OK, or an error with a message in
+ * err (for a relative path, saying from which directory it was looked at).
+ * Permissions are this process's effective ones: another user (the
+ * service's) may see otherwise. */
 int store_lmdb_path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen);
 
 struct store; /* opaque */

@@ -2738,9 +2738,10 @@ static int path_check(const char *path, bool allow_shared_fs, char *err, size_t 
         return STORE_EINVAL;
     }
     if (!may(at, W_OK | X_OK)) {
+        int e = errno;
         char what[4200];
         snprintf(what, sizeof(what), "cannot create %s: no permission to write in", path);
-        return no_access(what, at, errno, err, errlen);
+        return no_access(what, at, e, err, errlen);
     }
     return STORE_OK;
 }

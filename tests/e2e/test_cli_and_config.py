@@ -192,6 +192,15 @@ class CliAndConfig(harness.ProxyTestCase):
             os.chown(wx, nobody.pw_uid, nobody.pw_gid)
             run_as = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
         os.chmod(wx, 0o300)
+        # A store directory the user may use, whose data file it may not
+        # write (made by another user, say root).
+        files = os.path.join(self.workdir, "files")
+        os.mkdir(files)
+        with open(os.path.join(files, "data.mdb"), "wb") as f:
+            f.write(b"\0" * 8192)
+        os.chmod(os.path.join(files, "data.mdb"), 0o400)
+        if os.geteuid() == 0:
+            os.chown(files, nobody.pw_uid, nobody.pw_gid)
 
         def check_as(store, cwd="/"):
             p = subprocess.run([binary, "check-config", cfg, "--store", store],
@@ -212,6 +221,9 @@ class CliAndConfig(harness.ProxyTestCase):
         # The proxy needs to write in and search its directory, not list it.
         rc, err = check_as(wx)
         self.assertEqual(rc, 0, err)
+        rc, err = check_as(files)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("cannot read and write %s" % os.path.join(files, "data.mdb"), err)
 
     def test_check_store_finds_a_key_stored_twice(self):
         proxy = self.start_proxy()
