@@ -257,9 +257,24 @@ struct store_options {
 };
 
 struct store_stats {
-    uint64_t commits;       /* write transactions committed by this handle */
-    uint64_t ops_committed; /* ops applied in them */
-    uint64_t records;       /* records in the store now */
+    /* Write transactions committed by this handle in the records
+     * environment (durable, as configured), and the ops applied in them:
+     * completes, holds, forgets. */
+    uint64_t commits;
+    uint64_t ops_committed;
+    /* Layout 4: the environment of the records in flight (inflight/ in the
+     * store's directory, never flushed). has_inflight: this handle has it
+     * open (a read-only look opens it only when it is of this boot). Its
+     * commits by this handle and the ops in them (acquires, releases,
+     * extends; the deletes that follow completes are not counted as ops),
+     * and its entries now. */
+    bool has_inflight;
+    uint64_t inflight_commits;
+    uint64_t inflight_ops_committed;
+    uint64_t inflight_records;
+    /* Records in the store now, both environments: a key whose complete
+     * is in and whose entry in flight is not yet deleted counts twice. */
+    uint64_t records;
     uint64_t map_size_bytes;
     uint64_t map_used_bytes; /* high-water mark of pages in use */
     uint64_t purge_sweeps;   /* key-order purge passes this handle started */

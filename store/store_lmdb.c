@@ -63,7 +63,14 @@
 
 #define LMDB_DEFAULT_MAP_BYTES ((uint64_t)1 << 30)
 #define LMDB_MAX_DBS 4
-#define STORE_LAYOUT 3u
+#define STORE_LAYOUT 4u
+/* Layout 4's environment of the records in flight: a directory in the
+ * store's, with a map of its own (one entry per request in flight). */
+#define INFLIGHT_DIR "inflight"
+#define INFLIGHT_MAP_BYTES ((uint64_t)64 << 20)
+/* Internal, never returned: an op of F's writer needs R's writer lock (a
+ * steal), so its batch runs again holding both. */
+#define RC_NEED_RECORDS_LOCK (-100)
 #define LAYOUT_KEY "layout"
 #define EPOCH_KEY "lease_epoch"
 #define LOG_SALT_KEY "log_salt"
@@ -156,8 +163,10 @@ struct lmdb_store {
     /* What answers have taken, learnt from every completion this handle
      * attempted (see answer_keep()). Only touched inside a write
      * transaction, like lease_random. */
-    uint64_t answer_max_pages;
-    uint64_t answer_avg_pages_x16; /* moving average, in 1/16 pages */
+    /* Atomic: an acquire reads them in the other environment's writer
+     * (layout 4: answer_keep of the in-flight handle). */
+    _Atomic uint64_t answer_max_pages;
+    _Atomic uint64_t answer_avg_pages_x16; /* moving average, in 1/16 pages */
     _Atomic uint64_t commits;
     _Atomic uint64_t ops_committed;
     _Atomic uint64_t sweeps; /* key-order purge passes started */
@@ -215,6 +224,29 @@ struct lmdb_store {
     uint8_t sweep_pos[STORE_KEY_BYTES];
     unsigned backlog_calls;      /* index-order purges in a row that left due records */
     int64_t sweep_next_check_ms; /* the backlog is measured at most this often */
+
+    /*
+     * Layout 4: the records in flight live in an environment of their own
+     * (F: inflight/ in the store's directory), committed without a flush
+     * and made again after a reboot (docs/design-inflight-environment.md).
+     * In the records environment's handle (R), fl is F's handle (NULL in a
+     * read-only handle when F is not of this boot, or there is none); in
+     * F's, rec is R's. Whoever takes both writer locks takes R's first.
+     */
+    struct lmdb_store *fl;
+    struct lmdb_store *rec;
+    /* Inside a write transaction of this handle: a transaction of the other
+     * environment (R's in F's writer, F's in R's), begun once this one's
+     * writer lock was held. peer_locked: it is R's write transaction (a
+     * steal, or a purge of F, holds both locks). need_peer_lock: an op
+     * found that it needs R's lock, and the batch runs again with it. */
+    MDB_txn *peer_txn;
+    bool peer_locked;
+    bool need_peer_lock;
+    struct space *peer_space; /* R's space, claimed by F's acquires */
+
+    char *path; /* the store's directory, as given (R's handle) */
+    uint32_t layout; /* as found at open, before an upgrade */
 
     /* The environment's identity, for the same-process guard below. */
     dev_t dev;
@@ -1185,9 +1217,12 @@ static bool same_request(const struct store_record_view *cur, const struct store
 static int answer_keep(struct lmdb_store *s, MDB_txn *txn, uint64_t *keep)
 {
     MDB_stat st;
-    uint64_t own = s->headroom_pages > s->answer_max_pages ? s->headroom_pages
-                                                           : s->answer_max_pages;
-    uint64_t avg = (s->answer_avg_pages_x16 + 15) / 16;
+    /* Answers are stored in R: its learning and headroom count, and (in
+     * F's writer, layout 4) F's records in flight. */
+    const struct lmdb_store *r = s->rec != NULL ? s->rec : s;
+    uint64_t max = atomic_load(&r->answer_max_pages);
+    uint64_t own = r->headroom_pages > max ? r->headroom_pages : max;
+    uint64_t avg = (atomic_load(&r->answer_avg_pages_x16) + 15) / 16;
     int rc = map_err(LMDB_CALL(mdb_stat(txn, s->inflight, &st)));
 
     if (rc == STORE_OK) {
@@ -1198,10 +1233,12 @@ static int answer_keep(struct lmdb_store *s, MDB_txn *txn, uint64_t *keep)
 
 static void answer_learn(struct lmdb_store *s, uint64_t pages)
 {
-    if (pages > s->answer_max_pages) {
-        s->answer_max_pages = pages;
+    uint64_t avg = atomic_load(&s->answer_avg_pages_x16);
+
+    if (pages > atomic_load(&s->answer_max_pages)) {
+        atomic_store(&s->answer_max_pages, pages);
     }
-    s->answer_avg_pages_x16 = s->answer_avg_pages_x16 - s->answer_avg_pages_x16 / 8 + pages * 2;
+    atomic_store(&s->answer_avg_pages_x16, avg - avg / 8 + pages * 2);
 }
 
 /* Until when an IN_PROGRESS record whose lease expired at lease_expires
@@ -1237,8 +1274,41 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     enum rec_table where = REC_NONE;
     bool found = false;
     bool same_fp;
-    int rc = record_load(s, txn, op->key, &cur, &found, &where, false);
+    bool r_ended_lease = false;
+    int rc = STORE_OK;
 
+    if (s->rec != NULL) {
+        /* Layout 4, in F's writer: R first. A COMPLETE there wins over an
+         * entry in flight (its complete committed and has not yet deleted
+         * it), and a held record there is BUSY as it always was. Read in a
+         * transaction begun after F's writer lock was taken, so every
+         * complete whose F entry is gone from this one is in it. */
+        rc = record_load(s->rec, s->peer_txn, op->key, &cur, &found, &where, false);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        same_fp = found && same_request(&cur, op);
+        if (found && cur.state == STORE_STATE_COMPLETE && cur.expires_ms > now) {
+            res->outcome = same_fp ? STORE_REPLAY : STORE_MISMATCH;
+            if (same_fp && op->want_replay) {
+                rc = store_record_copy(&cur, &res->replay);
+            }
+            goto out;
+        }
+        if (found && cur.state == STORE_STATE_IN_PROGRESS && cur.lease_expires_ms > s->lease_now) {
+            res->outcome = same_fp ? STORE_BUSY : STORE_MISMATCH;
+            if (same_fp) {
+                res->lease_expires_ms = cur.lease_expires_ms;
+                res->held = store_lease_is_held(cur.lease_id);
+            }
+            goto out;
+        }
+        /* Absent from R, or there only past its TTL or its hold: what
+         * counts is F (R's leftover goes with purge, or a complete). An
+         * ended hold taken over is a steal, as it was in one table. */
+        r_ended_lease = found && cur.state == STORE_STATE_IN_PROGRESS;
+    }
+    rc = record_load(s, txn, op->key, &cur, &found, &where, false);
     if (rc != STORE_OK) {
         goto out;
     }
@@ -1271,8 +1341,28 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         }
     }
     /* Absent, COMPLETE past its TTL (absent even before a purge, seed 000),
-     * or IN_PROGRESS with an expired lease: a steal. */
-    {
+     * or IN_PROGRESS with an expired lease: a steal. In F a steal holds R's
+     * writer lock too: a complete of the lease it takes holds that lock
+     * from its lease check until its commit is durable, so the steal comes
+     * before the check (the complete is fenced) or after the commit (it
+     * finds the COMPLETE above and replays). */
+    if (s->rec != NULL && found && !s->peer_locked) {
+        s->need_peer_lock = true;
+        rc = RC_NEED_RECORDS_LOCK;
+        goto out;
+    }
+    if (s->rec != NULL) {
+        /* The answer this acquire leads to is stored in R: room for it
+         * there too (an estimate, read without R's lock). */
+        uint64_t keep = 0;
+        rc = answer_keep(s, txn, &keep);
+        if (rc == STORE_OK) {
+            rc = space_claim(s->rec, s->peer_space, 0, s->rec->reserve_pages + keep);
+        }
+        if (rc == STORE_OK) {
+            rc = space_claim(s, sp, RECORD_PAGES, s->reserve_pages);
+        }
+    } else {
         uint64_t keep = 0;
         rc = answer_keep(s, txn, &keep);
         if (rc == STORE_OK) {
@@ -1307,9 +1397,91 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     }
     if (rc == STORE_OK) {
         res->outcome = STORE_ACQUIRED;
-        res->stolen = found && cur.state == STORE_STATE_IN_PROGRESS;
+        res->stolen = (found && cur.state == STORE_STATE_IN_PROGRESS) || r_ended_lease;
         res->lease_expires_ms = next.lease_expires_ms;
         memcpy(res->lease_id, next.lease_id, STORE_LEASE_ID_BYTES);
+    }
+out:
+    return rc;
+}
+
+/*
+ * Layout 4, in R's writer: a complete, or a hold (an extend with hold).
+ * The lease is checked in F, in s->peer_txn, begun once R's writer lock was
+ * held; a steal needs that lock too, so the lease cannot be taken from
+ * under this op until its commit is durable. The record is written to R
+ * (COMPLETE to records, held to inflight), over what R had for the key (a
+ * COMPLETE past its TTL, a hold that ended), and F's entry is deleted once
+ * the commit is durable (inflight_drop). A hold's record is written in the
+ * reserve completes leave, as an extend's always was.
+ */
+static int do_settle(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
+                     const struct store_op *op, struct op_result *res)
+{
+    struct store_record_view cur;
+    struct store_record_view old;
+    struct store_record_view next;
+    enum rec_table where = REC_NONE;
+    enum rec_table old_where = REC_NONE;
+    bool found = false;
+    bool old_found = false;
+    size_t size = 0;
+    int rc = record_load(s->fl, s->peer_txn, op->key, &cur, &found, &where, true);
+
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    res->outcome = STORE_FENCED;
+    if (!found || cur.state != STORE_STATE_IN_PROGRESS || !lease_matches(&cur, op->lease_id) ||
+        (op->kind != STORE_OP_COMPLETE && !(op->kind == STORE_OP_EXTEND && op->hold))) {
+        goto out;
+    }
+    /* Built field by field from F's record, which borrows from F's map
+     * (R's writes below do not move it). */
+    memset(&next, 0, sizeof(next));
+    next.state = STORE_STATE_IN_PROGRESS;
+    next.lease_expires_ms = cur.lease_expires_ms;
+    next.expires_ms = cur.expires_ms;
+    memcpy(next.fingerprint, cur.fingerprint, STORE_FINGERPRINT_BYTES);
+    next.has_raw_fingerprint = cur.has_raw_fingerprint;
+    memcpy(next.raw_fingerprint, cur.raw_fingerprint, STORE_FINGERPRINT_BYTES);
+    rc = record_load(s, txn, op->key, &old, &old_found, &old_where, false);
+    if (rc != STORE_OK) {
+        goto out;
+    }
+    if (op->kind == STORE_OP_COMPLETE) {
+        next.state = STORE_STATE_COMPLETE;
+        next.expires_ms = add_ms(now, op->ttl_ms); /* from completion */
+        next.status = op->status;
+        next.headers = op->headers.ptr;
+        next.headers_len = op->headers.len;
+        next.body = op->body.ptr;
+        next.body_len = op->body.len;
+        rc = store_record_size(&next, &size);
+        if (rc == STORE_OK) {
+            rc = space_claim(s, sp, value_pages(s, size) + RECORD_PAGES, s->reserve_pages);
+        }
+    } else {
+        memset(next.lease_id, 0, STORE_LEASE_ID_BYTES);
+        next.lease_expires_ms = add_ms(s->lease_now, op->lease_ms);
+        rc = space_claim(s, sp, RECORD_PAGES, 0);
+    }
+    if (rc == STORE_OK && old_found) {
+        rc = index_del(s, txn, old.expires_ms, op->key);
+    }
+    if (rc == STORE_OK) {
+        rc = record_put(s, txn, op->key, &next, old_where);
+    }
+    if (rc == STORE_OK) {
+        rc = index_put(s, txn, next.expires_ms, op->key);
+    }
+    if (rc == STORE_OK) {
+        if (op->kind == STORE_OP_COMPLETE) {
+            answer_learn(s, value_pages(s, size));
+        } else {
+            res->lease_expires_ms = next.lease_expires_ms;
+        }
+        res->outcome = STORE_DONE;
     }
 out:
     return rc;
@@ -1327,8 +1499,12 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     enum rec_table where = REC_NONE;
     bool found = false;
     size_t size = 0;
-    int rc = record_load(s, txn, op->key, &cur, &found, &where, true);
+    int rc;
 
+    if (s->fl != NULL) {
+        return do_settle(s, txn, sp, now, op, res);
+    }
+    rc = record_load(s, txn, op->key, &cur, &found, &where, true);
     if (rc != STORE_OK) {
         goto out;
     }
@@ -1400,12 +1576,14 @@ out:
     return rc;
 }
 
-/* An operator's delete (STORE_OP_FORGET). A record that does not decode
- * goes too (what to do with it is the operator's call); its index entry is
- * deleted when its header still gives the time, and otherwise left for
- * purge to drop as stale. */
-static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *op,
-                     struct op_result *res)
+/* Forget's look at one environment's tables: whether the key is there,
+ * and whether it is a live lease forget must leave alone (without force).
+ * With drop, it then goes. A record that does not decode goes too (what to
+ * do with it is the operator's call); its index entry is deleted when its
+ * header still gives the time, and otherwise left for purge to drop as
+ * stale. */
+static int forget_in(struct lmdb_store *s, MDB_txn *txn, const struct store_op *op, bool drop,
+                     bool *present, int64_t *live_until)
 {
     struct store_record_view cur;
     enum rec_table where = REC_NONE;
@@ -1414,6 +1592,8 @@ static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *
     bool has_expiry = false;
     int rc = record_load(s, txn, op->key, &cur, &found, &where, true);
 
+    *present = false;
+    *live_until = 0;
     if (rc == STORE_ECORRUPT && where != REC_NONE) {
         MDB_val kv = {STORE_KEY_BYTES, (void *)op->key};
         MDB_val dv;
@@ -1423,18 +1603,16 @@ static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *
     } else if (rc == STORE_OK && found) {
         expires = cur.expires_ms;
         has_expiry = true;
-        if (cur.state == STORE_STATE_IN_PROGRESS && !op->force &&
-            !store_lease_is_held(cur.lease_id) && cur.lease_expires_ms > s->lease_now) {
-            res->outcome = STORE_BUSY;
-            res->lease_expires_ms = cur.lease_expires_ms;
-            return STORE_OK;
+        if (cur.state == STORE_STATE_IN_PROGRESS && !store_lease_is_held(cur.lease_id) &&
+            cur.lease_expires_ms > s->lease_now) {
+            *live_until = cur.lease_expires_ms;
         }
     }
-    if (rc != STORE_OK) {
+    if (rc != STORE_OK || where == REC_NONE) {
         return rc;
     }
-    if (where == REC_NONE) {
-        res->outcome = STORE_NOT_FOUND;
+    *present = true;
+    if (!drop) {
         return STORE_OK;
     }
     if (has_expiry) {
@@ -1442,6 +1620,43 @@ static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *
     }
     if (rc == STORE_OK) {
         rc = record_del(s, txn, op->key, where);
+    }
+    return rc;
+}
+
+/* An operator's delete (STORE_OP_FORGET). Layout 4: from both
+ * environments, s->peer_txn being F's write transaction. */
+static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *op,
+                     struct op_result *res)
+{
+    struct lmdb_store *f = s->fl;
+    bool in_r = false;
+    bool in_f = false;
+    int64_t live_r = 0;
+    int64_t live_f = 0;
+    int rc = forget_in(s, txn, op, false, &in_r, &live_r);
+
+    if (rc == STORE_OK && f != NULL) {
+        f->lease_now = s->lease_now;
+        rc = forget_in(f, s->peer_txn, op, false, &in_f, &live_f);
+    }
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    if (!op->force && (live_r > 0 || live_f > 0)) {
+        res->outcome = STORE_BUSY;
+        res->lease_expires_ms = live_r > live_f ? live_r : live_f;
+        return STORE_OK;
+    }
+    if (!in_r && !in_f) {
+        res->outcome = STORE_NOT_FOUND;
+        return STORE_OK;
+    }
+    if (in_r) {
+        rc = forget_in(s, txn, op, true, &in_r, &live_r);
+    }
+    if (rc == STORE_OK && in_f) {
+        rc = forget_in(f, s->peer_txn, op, true, &in_f, &live_f);
     }
     if (rc == STORE_OK) {
         res->outcome = STORE_DONE;
@@ -1462,32 +1677,185 @@ struct purge_share {
     bool failed;
 };
 
+/* Layout 4, once R's commit of a batch is durable: the F entries of the
+ * batch's completes and holds go, each only while it still carries the
+ * lease that op settled (nothing else can have replaced it since: a steal
+ * finds R's record first). Best effort: an entry left (this fails, or the
+ * process dies first) is shadowed by R's record for every acquire and goes
+ * with purge. */
+static void inflight_drop(struct lmdb_store *f, const struct store_op *ops,
+                          const struct op_result *res, size_t n)
+{
+    MDB_txn *txn = NULL;
+    bool any = false;
+    int rc = STORE_OK;
+
+    for (size_t i = 0; i < n && !any; i++) {
+        any = res[i].outcome == STORE_DONE &&
+              (ops[i].kind == STORE_OP_COMPLETE || (ops[i].kind == STORE_OP_EXTEND && ops[i].hold));
+    }
+    if (!any || write_begin(f, &txn) != STORE_OK) {
+        return;
+    }
+    for (size_t i = 0; i < n && rc == STORE_OK; i++) {
+        struct store_record_view v;
+        enum rec_table where = REC_NONE;
+        bool found = false;
+
+        if (res[i].outcome != STORE_DONE ||
+            !(ops[i].kind == STORE_OP_COMPLETE || (ops[i].kind == STORE_OP_EXTEND && ops[i].hold))) {
+            continue;
+        }
+        rc = record_load(f, txn, ops[i].key, &v, &found, &where, true);
+        if (rc == STORE_ECORRUPT) {
+            rc = STORE_OK;
+            continue;
+        }
+        if (rc == STORE_OK && found && v.state == STORE_STATE_IN_PROGRESS &&
+            lease_matches(&v, ops[i].lease_id)) {
+            rc = index_del(f, txn, v.expires_ms, ops[i].key);
+            if (rc == STORE_OK) {
+                rc = record_del(f, txn, ops[i].key, where);
+            }
+        }
+    }
+    if (rc == STORE_OK) {
+        if (write_commit(f, txn) == 0) {
+            atomic_fetch_add(&f->commits, 1);
+        }
+    } else {
+        write_abort(f, txn);
+    }
+}
+
+static bool inflight_due(struct lmdb_store *f);
+
+/* Layout 4, in R's writer with a purge share left over: F's due entries,
+ * in a transaction of F's committed while R's writer lock is still held
+ * (purging F needs it, purge_txn). Best effort: a failure leaves them for
+ * the next share or an idle purge. */
+static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge_share *ps)
+{
+    struct lmdb_store *f = s->fl;
+    MDB_txn *ftxn = NULL;
+    size_t deleted = 0;
+    bool more = false;
+    bool changed = false;
+    int rc;
+
+    if (!inflight_due(f) || write_begin(f, &ftxn) != STORE_OK) {
+        return;
+    }
+    f->lease_now = s->lease_now;
+    rc = purge_steps(f, ftxn, now, ps->max_records - ps->deleted, &deleted, &more, &changed);
+    if (rc == STORE_OK && changed && write_commit(f, ftxn) == 0) {
+        atomic_fetch_add(&f->commits, 1);
+        ps->deleted += deleted;
+        ps->more = ps->more || more;
+    } else if (rc != STORE_OK || !changed) {
+        write_abort(f, ftxn);
+    }
+}
+
+/* Whether a batch writes F too (layout 4, R's writer): a forget deletes
+ * from both environments, so it takes F's writer lock after R's. */
+static bool batch_writes_inflight(const struct store_op *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (ops[i].kind == STORE_OP_FORGET) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Applies ops[0..n) in one write transaction, then, with a purge share, up
  * to its budget of purge steps in the same transaction, so that they share
  * its commit (and fsync). On any failure nothing is committed and res[] is
  * cleared. The ops run first and fail exactly as they would alone; only
  * once they all succeeded may the purge part fail the transaction, and it
- * then says so in ps->failed. */
+ * then says so in ps->failed.
+ *
+ * Layout 4: s is R's handle for completes, holds and forgets, F's for
+ * acquires, releases and extends (lmdb_apply_purge sorts them). Each
+ * batch reads the other environment in a transaction begun once its own
+ * writer lock is held (s->peer_txn): F's writer reads R, R's reads F, or
+ * writes it (a forget: F's lock taken after R's). A batch of F's that
+ * meets a steal runs again holding R's writer lock first. F's batches
+ * carry no purge share: purging F needs R's lock (purge_env). */
 static int run_batch(struct lmdb_store *s, const struct store_op *ops, const size_t *order,
                      struct op_result *res, size_t n, struct purge_share *ps)
 {
     MDB_txn *txn = NULL;
+    MDB_txn *peer = NULL;
+    struct lmdb_store *peer_of = s->rec != NULL ? s->rec : s->fl;
+    bool peer_write = s->fl != NULL && batch_writes_inflight(ops, n);
+    bool lock_r = false;
+    struct space psp;
     int64_t now;
     struct space sp;
     bool purging = false;
     int64_t stamped = 0;
-    int rc = write_begin(s, &txn);
+    int rc;
 
+again:
     memset(&sp, 0, sizeof(sp));
+    memset(&psp, 0, sizeof(psp));
+    txn = NULL;
+    peer = NULL;
+    purging = false;
+    stamped = 0;
     if (ps != NULL) {
         ps->deleted = 0;
         ps->more = false;
         ps->failed = false;
+        if (s->rec != NULL) {
+            ps->max_records = 0;
+        }
     }
+    rc = STORE_OK;
+    if (lock_r) {
+        int64_t asked = lease_now_ms(s);
+        rc = write_begin(s->rec, &peer);
+        /* A long wait for R's lock (a stalled durable commit) held up F's
+         * writer, this process's heartbeats included: a stall, as a long
+         * wait for F's own lock would be (stall_credit). */
+        if (rc == STORE_OK && s->stall_ms > 0 && lease_now_ms(s) - asked >= s->stall_ms) {
+            stall_seen(s, lease_now_ms(s));
+        }
+        if (rc != STORE_OK) {
+            peer = NULL;
+            goto out;
+        }
+    }
+    rc = write_begin(s, &txn);
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
     }
+    if (peer_of != NULL && !lock_r) {
+        rc = peer_write ? write_begin(peer_of, &peer) : read_begin(peer_of, &peer);
+        if (rc != STORE_OK) {
+            peer = NULL;
+            goto out;
+        }
+        if (s->rec != NULL) {
+            /* F's writer: R's layout is the store's (a newer process may
+             * have raised it; R's writer checks its own). */
+            uint32_t layout = 0;
+            rc = layout_read(s->rec, peer, &layout);
+            if (rc == STORE_OK && layout != STORE_LAYOUT) {
+                rc = STORE_ELAYOUT;
+            }
+            if (rc != STORE_OK) {
+                goto out;
+            }
+        }
+    }
+    s->peer_txn = peer;
+    s->peer_locked = lock_r;
+    s->need_peer_lock = false;
+    s->peer_space = &psp;
     /* Read the clock only once the writer lock is held: a wait for the
      * lock must not make "now" stale. */
     now = now_ms(s);
@@ -1502,6 +1870,21 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
             rc = do_leased(s, txn, &sp, now, &ops[i], &res[i]);
         }
     }
+    if (rc == RC_NEED_RECORDS_LOCK && !lock_r) {
+        s->peer_txn = NULL;
+        write_abort(s, txn);
+        txn = NULL;
+        read_end(s->rec, peer);
+        peer = NULL;
+        for (size_t i = 0; i < n; i++) {
+            result_clear(&res[i]);
+        }
+        lock_r = true;
+        goto again;
+    }
+    if (rc == RC_NEED_RECORDS_LOCK) {
+        rc = STORE_EIO; /* cannot happen: with R's lock no op asks for it */
+    }
     if (rc != STORE_OK) {
         goto out;
     }
@@ -1511,11 +1894,17 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
             ps->failed = true;
             goto out;
         }
+        if (s->fl != NULL && !peer_write && !ps->more && ps->deleted < ps->max_records) {
+            inflight_purge_share(s, now, ps);
+        }
     }
     if (n == 0 && !purging && atomic_load(&s->stall_unstamped) <= 0) {
         goto out; /* nothing to commit: abort, no disk write */
     }
     stamped = stall_stamp(s, txn);
+    /* Cleared while the writer lock is held: the next holder sets them. */
+    s->peer_txn = NULL;
+    s->peer_space = NULL;
     rc = map_err(write_commit(s, txn)); /* frees txn, even when it fails */
     txn = NULL;
     if (rc == STORE_OK) {
@@ -1524,6 +1913,15 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
         }
         atomic_fetch_add(&s->commits, 1);
         atomic_fetch_add(&s->ops_committed, (uint64_t)n);
+        if (peer_write) {
+            /* R's commit is durable: F's deletes follow it. Should this
+             * fail, the entries stay, and a forget run again finds them. */
+            rc = map_err(write_commit(peer_of, peer));
+            peer = NULL;
+            if (rc == STORE_OK) {
+                atomic_fetch_add(&peer_of->commits, 1);
+            }
+        }
     } else if (rc == STORE_EFULL && purging) {
         /* The pages the purge freed must be listed at commit, and that
          * may be what did not fit: the ops alone might. */
@@ -1531,7 +1929,19 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     }
 out:
     if (txn != NULL) {
+        s->peer_txn = NULL;
+        s->peer_space = NULL;
         write_abort(s, txn);
+    }
+    if (peer != NULL) {
+        if (lock_r || peer_write) {
+            write_abort(peer_of, peer);
+        } else {
+            read_end(peer_of, peer);
+        }
+    }
+    if (rc == STORE_OK && s->fl != NULL && !peer_write) {
+        inflight_drop(s->fl, ops, res, n);
     }
     if (rc != STORE_OK) {
         for (size_t i = 0; i < n; i++) {
@@ -1592,13 +2002,20 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     bool more = true;
     bool hard = false;
 
+    /* An acquire of F's writer may have found no room in R (for its
+     * answer) or in F: both are purged. */
+    struct lmdb_store *r = s->rec != NULL ? s->rec : s;
+
     for (int round = 0; round < FULL_PURGE_ROUNDS && more; round++) {
         /* A purge that fails (it may be full itself) just stops early. */
-        if (lmdb_purge(s, FULL_PURGE_BATCH, &purged, &more) != STORE_OK) {
+        if (lmdb_purge(r, FULL_PURGE_BATCH, &purged, &more) != STORE_OK) {
             more = false;
         }
     }
-    (void)settle_after_purge(s); /* best effort: the retry says what fits */
+    (void)settle_after_purge(r); /* best effort: the retry says what fits */
+    if (r->fl != NULL) {
+        (void)settle_after_purge(r->fl);
+    }
     /* Earlier ops may commit here, so the call itself succeeds and reports
      * them; an op that still does not fit is reported as not applied, and
      * after a hard error so is every later op (that error would repeat;
@@ -1704,6 +2121,120 @@ static size_t *batch_order(const struct store_op *ops, size_t n)
     return order;
 }
 
+/* The ops of one environment's writer, as one batch (run_batch), with the
+ * purge share when given, and the full-store fallback. */
+static int apply_env(struct lmdb_store *h, const struct store_op *ops, struct op_result *res,
+                     size_t n, struct purge_share *ps)
+{
+    size_t *order = batch_order(ops, n);
+    int rc = run_batch(h, ops, order, res, n, ps);
+
+    if (ps != NULL && ps->failed) {
+        ps->max_records = 0;
+        rc = run_batch(h, ops, order, res, n, ps);
+    }
+    if (rc == STORE_EFULL) {
+        rc = apply_after_full(h, ops, res, n);
+    }
+    free(order);
+    return rc;
+}
+
+/* Layout 4: which writer an op belongs to. F's: acquire, release, extend
+ * (a heartbeat); R's: complete, hold, forget. */
+static bool op_in_flight_env(const struct store_op *op)
+{
+    return op->kind == STORE_OP_ACQUIRE || op->kind == STORE_OP_RELEASE ||
+           (op->kind == STORE_OP_EXTEND && !op->hold);
+}
+
+/* Layout 4: runs ops[from..to), all of one environment's writer, as one
+ * batch of copies, and copies the results back. */
+static int apply_part(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
+                      const size_t *idx, size_t m, struct purge_share *ps)
+{
+    struct store_op *part = NULL;
+    struct op_result *pres = NULL;
+    bool in_f;
+    int rc = STORE_OK;
+
+    if (m == 0) {
+        return STORE_OK;
+    }
+    in_f = op_in_flight_env(&ops[idx[0]]);
+    part = malloc(m * sizeof(*part));
+    pres = calloc(m, sizeof(*pres));
+    if (part == NULL || pres == NULL) {
+        rc = STORE_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < m; k++) {
+        part[k] = ops[idx[k]];
+    }
+    rc = apply_env(in_f ? s->fl : s, part, pres, m, in_f ? NULL : ps);
+    if (rc == STORE_OK) {
+        for (size_t k = 0; k < m; k++) {
+            res[idx[k]] = pres[k]; /* the replay's ownership moves along */
+        }
+    }
+out:
+    free(part);
+    free(pres);
+    return rc;
+}
+
+/* Layout 4: a batch of both writers' ops. With no key in both, F's part
+ * then R's (ops on different keys do not see each other); otherwise runs of
+ * consecutive ops of one writer, in the order given. Each part is its own
+ * transaction: a failing part leaves the parts before it committed (the
+ * proxy's writers never mix them). */
+static int apply_split(struct lmdb_store *s, const struct store_op *ops, struct op_result *res,
+                       size_t n, struct purge_share *ps)
+{
+    size_t *idx = malloc((n > 0 ? n : 1) * sizeof(*idx));
+    size_t nf = 0;
+    bool mixed_key = false;
+    int rc = STORE_OK;
+
+    if (idx == NULL) {
+        return STORE_ENOMEM;
+    }
+    for (size_t i = 0; i < n && !mixed_key; i++) {
+        for (size_t k = i + 1; k < n && !mixed_key; k++) {
+            mixed_key = op_in_flight_env(&ops[i]) != op_in_flight_env(&ops[k]) &&
+                        memcmp(ops[i].key, ops[k].key, STORE_KEY_BYTES) == 0;
+        }
+    }
+    if (!mixed_key) {
+        size_t nr = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (op_in_flight_env(&ops[i])) {
+                idx[nf++] = i;
+            }
+        }
+        rc = apply_part(s, ops, res, idx, nf, NULL);
+        for (size_t i = 0; i < n && rc == STORE_OK; i++) {
+            if (!op_in_flight_env(&ops[i])) {
+                idx[nr++] = i;
+            }
+        }
+        if (rc == STORE_OK && (nr > 0 || (ps != NULL && ps->max_records > 0))) {
+            rc = nr > 0 ? apply_part(s, ops, res, idx, nr, ps) : apply_env(s, NULL, NULL, 0, ps);
+        }
+    } else {
+        for (size_t i = 0; i < n && rc == STORE_OK;) {
+            size_t m = 0;
+            bool in_f = op_in_flight_env(&ops[i]);
+            while (i < n && op_in_flight_env(&ops[i]) == in_f) {
+                idx[m++] = i++;
+            }
+            rc = apply_part(s, ops, res, idx, m, i == n ? ps : NULL);
+        }
+    }
+    free(idx);
+    return rc;
+}
+
 /* store_apply_purge(): the ops as store_apply() would apply them, plus up to
  * max_purge purge steps in the same transaction. The purge is best effort:
  * when its part fails (a full map, a disk error), the transaction is run
@@ -1715,7 +2246,6 @@ static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t m
     struct op_result one;
     struct op_result *res = &one;
     struct purge_share ps;
-    size_t *order = NULL;
     int rc = STORE_OK;
 
     last_cause = 0; /* store_last_cause() speaks of this call only */
@@ -1729,16 +2259,11 @@ static int lmdb_apply_purge(void *impl, struct store_op *ops, size_t n, size_t m
             goto out;
         }
     }
-    order = batch_order(ops, n);
-    rc = run_batch(s, ops, order, res, n, &ps);
-    if (ps.failed) {
-        ps.max_records = 0;
-        rc = run_batch(s, ops, order, res, n, &ps);
-    }
-    if (rc == STORE_EFULL) {
-        rc = apply_after_full(s, ops, res, n);
-    }
+    rc = s->fl != NULL ? apply_split(s, ops, res, n, &ps) : apply_env(s, ops, res, n, &ps);
     if (rc != STORE_OK) {
+        for (size_t i = 0; i < n; i++) {
+            result_clear(&res[i]);
+        }
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -1756,7 +2281,6 @@ out:
     if (res != &one) {
         free(res);
     }
-    free(order);
     *purged = rc == STORE_OK ? ps.deleted : 0;
     *more = rc == STORE_OK && ps.more;
     return rc;
@@ -1784,24 +2308,87 @@ static int load_visible(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[ST
     return rc;
 }
 
+/* A read of both environments (layout 4): F's transaction is begun before
+ * R's, so a record whose complete deleted its F entry before the first is
+ * in the second. ftxn is NULL without F. */
+struct read_pair {
+    MDB_txn *rtxn;
+    MDB_txn *ftxn;
+};
+
+static int read_pair_begin(struct lmdb_store *s, struct read_pair *p)
+{
+    int rc = STORE_OK;
+
+    p->rtxn = NULL;
+    p->ftxn = NULL;
+    if (s->fl != NULL) {
+        rc = read_begin(s->fl, &p->ftxn);
+    }
+    if (rc == STORE_OK) {
+        rc = read_begin(s, &p->rtxn);
+        if (rc != STORE_OK && p->ftxn != NULL) {
+            read_end(s->fl, p->ftxn);
+            p->ftxn = NULL;
+        }
+    }
+    return rc;
+}
+
+static void read_pair_end(struct lmdb_store *s, struct read_pair *p)
+{
+    if (p->rtxn != NULL) {
+        read_end(s, p->rtxn);
+    }
+    if (p->ftxn != NULL) {
+        read_end(s->fl, p->ftxn);
+    }
+}
+
+/* The record of key as a read sees it across both environments: R's when
+ * it is a COMPLETE within its TTL or a live hold (an acquire looks there
+ * first), else F's entry in flight when there is one, else R's. */
+static int load_merged(struct lmdb_store *s, const struct read_pair *p,
+                       const uint8_t key[STORE_KEY_BYTES], struct store_record_view *v,
+                       bool *found)
+{
+    struct store_record_view fv;
+    bool ffound = false;
+    int rc = load_visible(s, p->rtxn, key, v, found);
+
+    if (rc != STORE_OK || p->ftxn == NULL) {
+        return rc;
+    }
+    if (*found && (v->state == STORE_STATE_COMPLETE ||
+                   v->lease_expires_ms > lease_now_ms(s))) {
+        return STORE_OK;
+    }
+    rc = load_visible(s->fl, p->ftxn, key, &fv, &ffound);
+    if (rc == STORE_OK && ffound) {
+        *v = fv;
+        *found = true;
+    }
+    return rc;
+}
+
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
 {
     struct lmdb_store *s = impl;
-    MDB_txn *txn = NULL;
+    struct read_pair p;
     struct store_record_view v;
     bool found = false;
     int rc;
 
     memset(out, 0, sizeof(*out));
-    rc = read_begin(s, &txn);
+    rc = read_pair_begin(s, &p);
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = load_visible(s, txn, key, &v, &found);
+    rc = load_merged(s, &p, key, &v, &found);
     if (rc == STORE_OK && found) {
         rc = store_record_copy(&v, out); /* the value dies with the txn */
     }
-    read_end(s, txn);
+    read_pair_end(s, &p);
 out:
     return rc;
 }
@@ -1809,19 +2396,19 @@ out:
 static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_fn fn, void *ctx)
 {
     struct lmdb_store *s = impl;
-    MDB_txn *txn = NULL;
+    struct read_pair p;
     struct store_record_view v;
     struct store_record rec;
     bool found = false;
     int rc;
 
     memset(&rec, 0, sizeof(rec));
-    rc = read_begin(s, &txn);
+    rc = read_pair_begin(s, &p);
     if (rc != STORE_OK) {
         goto out;
     }
-    rc = load_visible(s, txn, key, &v, &found);
-    /* The spans borrow from the map, valid until read_end(). */
+    rc = load_merged(s, &p, key, &v, &found);
+    /* The spans borrow from the map, valid until read_pair_end(). */
     if (rc == STORE_OK && found) {
         rec.state = v.state;
         memcpy(rec.lease_id, v.lease_id, STORE_LEASE_ID_BYTES);
@@ -1839,7 +2426,7 @@ static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_
     if (rc == STORE_OK) {
         fn(&rec, ctx);
     }
-    read_end(s, txn);
+    read_pair_end(s, &p);
 out:
     return rc;
 }
@@ -2160,16 +2747,25 @@ static int purge_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
     return rc;
 }
 
-/* One purge transaction of its own. */
+/* One purge transaction of its own. In F (layout 4) it holds R's writer
+ * lock first, as a steal does: a complete checks its lease in F under that
+ * lock and commits in R, and an entry purged between the two would let an
+ * acquire run the key again beside it. */
 static int purge_txn(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
 {
     MDB_txn *txn = NULL;
+    MDB_txn *rtxn = NULL;
     size_t deleted = 0;
     bool changed = false;
-    int rc = write_begin(s, &txn);
+    int rc = s->rec != NULL ? write_begin(s->rec, &rtxn) : STORE_OK;
 
     *purged = 0;
     *more = false;
+    if (rc != STORE_OK) {
+        rtxn = NULL;
+        goto out;
+    }
+    rc = write_begin(s, &txn);
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
@@ -2189,10 +2785,40 @@ out:
     if (txn != NULL) {
         write_abort(s, txn);
     }
+    if (rtxn != NULL) {
+        write_abort(s->rec, rtxn);
+    }
     if (rc != STORE_OK) {
         *more = false;
     }
     return rc;
+}
+
+/* Whether F has an index entry due (a cheap look before purging it takes
+ * both writer locks): most of the time it has none, its records being
+ * completed or released long before their TTL. */
+static bool inflight_due(struct lmdb_store *f)
+{
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_val kv;
+    MDB_val dv;
+    bool due = true; /* a look that fails says purge */
+
+    if (read_begin(f, &txn) != STORE_OK) {
+        return true;
+    }
+    if (LMDB_CALL(mdb_cursor_open(txn, f->expiry, &cur)) == 0) {
+        int got = LMDB_CALL(mdb_cursor_get(cur, &kv, &dv, MDB_FIRST));
+        if (got == MDB_NOTFOUND) {
+            due = false;
+        } else if (got == 0 && kv.mv_size == INDEX_KEY_BYTES) {
+            due = index_time(kv.mv_data) <= now_ms(f);
+        }
+        mdb_cursor_close(cur);
+    }
+    read_end(f, txn);
+    return due;
 }
 
 /* Deleting copies pages too: in a nearly full map a big batch may not find
@@ -2206,9 +2832,8 @@ out:
  * that had filled up kept its expired records while idle: every periodic
  * purge fell back to a record or two per round.
  */
-static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
+static int purge_env(struct lmdb_store *s, size_t max_records, size_t *purged, bool *more)
 {
-    struct lmdb_store *s = impl;
     size_t total = 0;
     size_t batch = max_records;
     bool m = true;
@@ -2252,10 +2877,34 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
     return total > 0 && rc != STORE_EDEAD && rc != STORE_ELAYOUT ? STORE_OK : rc;
 }
 
+/* R's records, then (layout 4) F's, when any is due, in what is left of
+ * the budget. */
+static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more)
+{
+    struct lmdb_store *s = impl;
+    size_t got = 0;
+    bool fmore = false;
+    int rc = purge_env(s, max_records, purged, more);
+
+    if (rc == STORE_OK && s->fl != NULL && *purged < max_records && inflight_due(s->fl)) {
+        rc = purge_env(s->fl, max_records - *purged, &got, &fmore);
+        *purged += got;
+        *more = *more || fmore;
+    }
+    return rc;
+}
+
 static int lmdb_reader_check(void *impl, int *cleared)
 {
     struct lmdb_store *s = impl;
-    return map_err(LMDB_CALL(mdb_reader_check(s->env, cleared)));
+    int rc = map_err(LMDB_CALL(mdb_reader_check(s->env, cleared)));
+    int more = 0;
+
+    if (rc == STORE_OK && s->fl != NULL) {
+        rc = map_err(LMDB_CALL(mdb_reader_check(s->fl->env, &more)));
+        *cleared += more;
+    }
+    return rc;
 }
 
 static int lmdb_stats(void *impl, struct store_stats *out)
@@ -2278,6 +2927,19 @@ static int lmdb_stats(void *impl, struct store_stats *out)
         out->records += (uint64_t)st.ms_entries;
     }
     read_end(s, txn);
+    if (rc == STORE_OK && s->fl != NULL) {
+        /* Layout 4: F's entries in flight (a key whose complete is in R
+         * and whose F entry is not yet deleted counts twice, briefly). */
+        rc = read_begin(s->fl, &txn);
+        if (rc == STORE_OK) {
+            rc = map_err(mdb_stat(txn, s->fl->inflight, &st));
+            if (rc == STORE_OK) {
+                out->records += (uint64_t)st.ms_entries;
+                out->inflight_records = (uint64_t)st.ms_entries;
+            }
+            read_end(s->fl, txn);
+        }
+    }
     if (rc != STORE_OK) {
         goto out;
     }
@@ -2290,6 +2952,11 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     }
     out->commits = atomic_load(&s->commits);
     out->ops_committed = atomic_load(&s->ops_committed);
+    out->has_inflight = s->fl != NULL;
+    if (s->fl != NULL) {
+        out->inflight_commits = atomic_load(&s->fl->commits);
+        out->inflight_ops_committed = atomic_load(&s->fl->ops_committed);
+    }
     out->purge_sweeps = atomic_load(&s->sweeps);
     out->shared_fs = s->shared_fs;
     out->map_size_from_store = s->map_from_store;
@@ -2335,28 +3002,42 @@ static int scan_step(struct scan_cursor *c, MDB_cursor_op op)
 static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *ctx)
 {
     struct lmdb_store *s = impl;
-    MDB_txn *txn = NULL;
-    struct scan_cursor t[2] = {{.table = "records"}, {.table = "inflight"}};
-    int rc = read_begin(s, &txn);
+    struct read_pair p;
+    /* Layout 4: F's entries in flight are a third table in the merge. */
+    struct scan_cursor t[3] = {
+        {.table = "records"}, {.table = "inflight"}, {.table = INFLIGHT_DIR "/inflight"}};
+    size_t nt;
+    int rc = read_pair_begin(s, &p);
 
     if (rc != STORE_OK) {
         return rc;
     }
-    rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->records, &t[0].cur)));
+    nt = p.ftxn != NULL ? 3 : 2;
+    rc = map_err(LMDB_CALL(mdb_cursor_open(p.rtxn, s->records, &t[0].cur)));
     if (rc == STORE_OK) {
-        rc = map_err(LMDB_CALL(mdb_cursor_open(txn, s->inflight, &t[1].cur)));
+        rc = map_err(LMDB_CALL(mdb_cursor_open(p.rtxn, s->inflight, &t[1].cur)));
     }
-    for (size_t i = 0; i < 2 && rc == STORE_OK; i++) {
+    if (rc == STORE_OK && nt == 3) {
+        rc = map_err(LMDB_CALL(mdb_cursor_open(p.ftxn, s->fl->inflight, &t[2].cur)));
+    }
+    for (size_t i = 0; i < nt && rc == STORE_OK; i++) {
         rc = scan_step(&t[i], MDB_FIRST);
     }
-    while (rc == STORE_OK && !(t[0].done && t[1].done)) {
+    for (;;) {
         struct scan_cursor *c = NULL;
         struct store_record rec;
         uint8_t key[STORE_KEY_BYTES];
         bool stop;
+        bool all_done = true;
 
+        for (size_t i = 0; i < nt; i++) {
+            all_done = all_done && t[i].done;
+        }
+        if (rc != STORE_OK || all_done) {
+            break;
+        }
         /* A key of the wrong size cannot be merged by key: it goes first. */
-        for (size_t i = 0; i < 2 && c == NULL; i++) {
+        for (size_t i = 0; i < nt && c == NULL; i++) {
             if (!t[i].done && t[i].kv.mv_size != STORE_KEY_BYTES) {
                 c = &t[i];
             }
@@ -2371,10 +3052,11 @@ static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *
             rc = scan_step(c, MDB_NEXT);
             continue;
         }
-        c = &t[0];
-        if (t[0].done ||
-            (!t[1].done && memcmp(t[1].kv.mv_data, t[0].kv.mv_data, STORE_KEY_BYTES) < 0)) {
-            c = &t[1];
+        for (size_t i = 0; i < nt; i++) {
+            if (!t[i].done &&
+                (c == NULL || memcmp(t[i].kv.mv_data, c->kv.mv_data, STORE_KEY_BYTES) < 0)) {
+                c = &t[i];
+            }
         }
         memcpy(key, c->kv.mv_data, STORE_KEY_BYTES);
         rc = store_record_decode(c->dv.mv_data, c->dv.mv_size, &rec);
@@ -2393,12 +3075,12 @@ static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *
         }
         rc = scan_step(c, MDB_NEXT);
     }
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < nt; i++) {
         if (t[i].cur != NULL) {
             mdb_cursor_close(t[i].cur);
         }
     }
-    read_end(s, txn);
+    read_pair_end(s, &p);
     return rc;
 }
 
@@ -2964,6 +3646,229 @@ static int log_salt_settle(struct lmdb_store *s, MDB_txn *txn, bool make)
     return rc;
 }
 
+static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+static void lmdb_close(void *impl);
+
+/* F's directory in the store's: 0 or STORE_EINVAL (too long). */
+static int inflight_dir(const struct lmdb_store *r, char *buf, size_t len, const char *file)
+{
+    int n = snprintf(buf, len, "%s/" INFLIGHT_DIR "%s%s", r->path, file != NULL ? "/" : "",
+                     file != NULL ? file : "");
+    return n < 0 || (size_t)n >= len ? STORE_EINVAL : STORE_OK;
+}
+
+/* Removes F's files: under R's writer lock, in the transaction that makes
+ * the store's leases this boot's (leases_settle), before any process of
+ * this boot has opened F (every one opens it only once that transaction
+ * committed). F was never flushed: after a power cut it may be torn, and
+ * its entries' holders died with the boot anyway. */
+static int inflight_wipe(struct lmdb_store *r)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb"};
+    char name[PATH_MAX];
+
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        if (inflight_dir(r, name, sizeof(name), files[i]) != STORE_OK) {
+            return STORE_EINVAL;
+        }
+        if (unlink(name) != 0 && errno != ENOENT) {
+            return STORE_EIO;
+        }
+    }
+    return STORE_OK;
+}
+
+/* Opens F (layout 4) beside R and sets r->fl. Read-only, a missing F is
+ * none (r->fl stays NULL): nothing is in flight. Writable, F's directory
+ * and environment are made when missing, committed without a flush
+ * (MDB_NOSYNC: a process crash loses nothing, a power cut is a reboot,
+ * and the next boot removes F). */
+static int inflight_open(struct lmdb_store *r, bool read_only, char *err, size_t errlen)
+{
+    char dir[PATH_MAX];
+    char data[PATH_MAX];
+    char lock[PATH_MAX];
+    struct stat sb;
+    struct lmdb_store *f = NULL;
+    MDB_txn *txn = NULL;
+    MDB_stat est;
+    unsigned int flags = MDB_NOTLS | MDB_NOSYNC;
+    int dead = 0;
+    int lrc = 0;
+    int rc = STORE_EINVAL;
+
+    if (inflight_dir(r, dir, sizeof(dir), NULL) != STORE_OK ||
+        inflight_dir(r, data, sizeof(data), "data.mdb") != STORE_OK ||
+        inflight_dir(r, lock, sizeof(lock), "lock.mdb") != STORE_OK) {
+        snprintf(err, errlen, "store: path too long: %s", r->path);
+        return STORE_EINVAL;
+    }
+    if (read_only) {
+        if (stat(data, &sb) != 0 || sb.st_size == 0) {
+            return STORE_OK; /* no F: nothing in flight */
+        }
+        flags |= MDB_RDONLY | (stat(lock, &sb) == 0 ? 0 : MDB_NOLOCK);
+    } else if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "store: cannot make %s: %s", dir, strerror(errno));
+        return STORE_EIO;
+    }
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "store: %s is not a directory", dir);
+        return STORE_EIO;
+    }
+    f = calloc(1, sizeof(*f));
+    if (f == NULL || pthread_mutex_init(&f->pool_lock, NULL) != 0) {
+        free(f);
+        snprintf(err, errlen, "store: out of memory");
+        return STORE_ENOMEM;
+    }
+    f->durability_fd = -1;
+    f->clock = r->clock;
+    f->read_only = read_only;
+    f->stall_ms = r->stall_ms;
+    f->shared_fs = r->shared_fs;
+    f->lease_clock = r->lease_clock;
+    f->rec = r;
+    /* F's writer lock's holds are shared in durability.lock too, after
+     * R's (held_check): a stalled write of F held heartbeats up. */
+    f->held = r->held != NULL ? r->held + 2 : NULL;
+    f->dev = sb.st_dev;
+    f->ino = sb.st_ino;
+    f->pid = getpid();
+    if (!open_envs_add(f)) {
+        f->pid = 0;
+        snprintf(err, errlen, "store: %s is already open in this process", dir);
+        goto fail;
+    }
+    lrc = mdb_env_create(&f->env);
+    if (lrc == 0) {
+        lrc = mdb_env_set_mapsize(f->env, read_only ? 0 : (size_t)INFLIGHT_MAP_BYTES);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_set_maxdbs(f->env, LMDB_MAX_DBS);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_set_maxreaders(f->env, LMDB_MAX_READERS);
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_open(f->env, dir, flags, 0600);
+    }
+    if (lrc == 0) {
+        lrc = mdb_reader_check(f->env, &dead);
+    }
+    if (lrc == 0) {
+        lrc = mdb_txn_begin(f->env, NULL, read_only ? MDB_RDONLY : 0, &txn);
+    }
+    if (lrc == 0) {
+        unsigned int dbf = read_only ? 0 : MDB_CREATE;
+        lrc = mdb_dbi_open(txn, "records", dbf, &f->records);
+        if (lrc == 0) {
+            lrc = mdb_dbi_open(txn, "inflight", dbf, &f->inflight);
+        }
+        if (lrc == 0) {
+            lrc = mdb_dbi_open(txn, "expiry", dbf, &f->expiry);
+        }
+        if (lrc == 0) {
+            lrc = mdb_dbi_open(txn, "meta", dbf, &f->meta);
+        }
+        if (lrc == 0 && !read_only) {
+            /* F's writes check its layout as R's do (write_begin). */
+            uint8_t lv[4] = {STORE_LAYOUT & 0xff, (STORE_LAYOUT >> 8) & 0xff,
+                             (STORE_LAYOUT >> 16) & 0xff, STORE_LAYOUT >> 24};
+            MDB_val kv = {sizeof(LAYOUT_KEY) - 1, (void *)LAYOUT_KEY};
+            MDB_val dv = {sizeof(lv), lv};
+            lrc = mdb_put(txn, f->meta, &kv, &dv, 0);
+        }
+        if (lrc == 0) {
+            lrc = mdb_txn_commit(txn);
+        } else {
+            mdb_txn_abort(txn);
+        }
+    }
+    if (lrc == MDB_NOTFOUND && read_only) {
+        rc = STORE_OK; /* made but never written: nothing in flight */
+        goto fail;
+    }
+    if (lrc == 0) {
+        lrc = mdb_env_stat(f->env, &est);
+    }
+    if (lrc != 0) {
+        rc = map_err(lrc);
+        snprintf(err, errlen, "store: cannot open the records in flight (%s): %s", dir,
+                 mdb_strerror(lrc));
+        goto fail;
+    }
+    f->readers_cleared = dead > 0 ? (uint64_t)dead : 0;
+    f->page_bytes = est.ms_psize;
+    f->reserve_pages = clamp_u64(INFLIGHT_MAP_BYTES / f->page_bytes / 256, RESERVE_MIN_PAGES,
+                                 RESERVE_MAX_PAGES);
+    f->headroom_pages = 0;
+    f->answer_max_pages = 1;
+    f->answer_avg_pages_x16 = 16;
+    r->fl = f;
+    return STORE_OK;
+fail:
+    lmdb_close(f);
+    return rc;
+}
+
+/* Layout 3 to 4, in R's write transaction that raises the layout, with F
+ * open: IN_PROGRESS records that are not held move from R's inflight table
+ * to F (held ones stay: they are R's in layout 4). F's transaction commits
+ * first; should R's then fail, the next open moves them again (a put over
+ * the same record). */
+static int inflight_move_in(struct lmdb_store *s, MDB_txn *txn)
+{
+    struct lmdb_store *f = s->fl;
+    MDB_txn *ftxn = NULL;
+    uint8_t *keys = NULL;
+    size_t n = 0;
+    int rc = in_progress_keys(txn, s->inflight, &keys, &n);
+
+    if (rc != STORE_OK || n == 0) {
+        free(keys);
+        return rc;
+    }
+    rc = map_err(mdb_txn_begin(f->env, NULL, 0, &ftxn));
+    for (size_t i = 0; rc == STORE_OK && i < n; i++) {
+        const uint8_t *key = keys + i * STORE_KEY_BYTES;
+        struct store_record_view v;
+        enum rec_table where = REC_NONE;
+        bool found = false;
+
+        rc = record_load(s, txn, key, &v, &found, &where, true);
+        if (rc != STORE_OK || !found || v.state != STORE_STATE_IN_PROGRESS ||
+            store_lease_is_held(v.lease_id)) {
+            rc = rc == STORE_ECORRUPT ? STORE_OK : rc;
+            continue;
+        }
+        /* v borrows from R's map, which F's writes do not touch. */
+        rc = record_put(f, ftxn, key, &v, REC_NONE);
+        if (rc == STORE_OK) {
+            rc = index_put(f, ftxn, v.expires_ms, key);
+        }
+        if (rc == STORE_OK) {
+            rc = index_del(s, txn, v.expires_ms, key);
+        }
+        if (rc == STORE_OK) {
+            rc = record_del(s, txn, key, where);
+        }
+    }
+    free(keys);
+    if (ftxn != NULL) {
+        if (rc == STORE_OK) {
+            rc = map_err(mdb_txn_commit(ftxn));
+        } else {
+            mdb_txn_abort(ftxn);
+        }
+    }
+    return rc;
+}
+
 static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned int db_flags,
                        uint32_t *layout, bool *current, int *store_rc)
 {
@@ -2997,7 +3902,22 @@ static int open_dbs_in(struct lmdb_store *s, unsigned int txn_flags, unsigned in
      * between the read-only look and this transaction: open_dbs refuses it. */
     if (lrc == 0 && rc == STORE_OK && !(txn_flags & MDB_RDONLY) && *layout <= STORE_LAYOUT &&
         (*layout < STORE_LAYOUT || !*current)) {
+        uint32_t before = *layout;
+        bool was_current = *current;
         rc = leases_settle(s, txn, *layout);
+        /* Layout 4: F of another boot (or of none) goes, under R's writer
+         * lock, before this process or any other of this boot opens it;
+         * then a store of an older layout moves its records in flight. */
+        if (rc == STORE_OK && !was_current && s->fl == NULL) {
+            rc = inflight_wipe(s);
+        }
+        if (rc == STORE_OK && s->fl == NULL) {
+            char ferr[256];
+            rc = inflight_open(s, false, ferr, sizeof(ferr));
+        }
+        if (rc == STORE_OK && before < STORE_LAYOUT) {
+            rc = inflight_move_in(s, txn);
+        }
         if (rc == STORE_OK) {
             *layout = STORE_LAYOUT;
             *current = true;
@@ -3066,6 +3986,7 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
         snprintf(err, errlen, "store: cannot open databases: %s", mdb_strerror(lrc));
         return map_err(lrc);
     }
+    s->layout = layout;
     s->lease_clock = current ? STORE_LEASES_THIS_BOOT
                      : layout < 3 ? STORE_LEASES_WALL
                                   : STORE_LEASES_OTHER_BOOT;
@@ -3079,12 +4000,6 @@ static int open_dbs(struct lmdb_store *s, char *err, size_t errlen)
     return STORE_OK;
 }
 
-static uint64_t clamp_u64(uint64_t v, uint64_t lo, uint64_t hi)
-{
-    return v < lo ? lo : v > hi ? hi : v;
-}
-
-static void lmdb_close(void *impl);
 
 /* Before mdb_env_open (after it, closing a descriptor of lock.mdb would drop
  * this process's own LMDB locks on it): whether another process has the
@@ -3240,6 +4155,12 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
         goto out;
     }
 
+    s->path = strdup(opt->path);
+    if (s->path == NULL) {
+        rc = STORE_ENOMEM;
+        snprintf(err, errlen, "store: out of memory");
+        goto out;
+    }
     s->read_only = opt->read_only;
     s->keep_layout = opt->keep_layout && !opt->read_only;
     s->stall_ms = opt->stall_ms > 0 ? opt->stall_ms : 0;
@@ -3379,6 +4300,18 @@ static int lmdb_open(const struct store_options *opt, void **impl, char *err, si
     if (rc != STORE_OK) {
         goto out;
     }
+    /* Layout 4's records in flight. A writer's leases are this boot's by
+     * now (open_dbs), so F, kept or just wiped, is of this boot, and made
+     * if missing. A read-only look opens F only when the store's leases are
+     * this boot's; otherwise F may be torn, and what it held ended with the
+     * boot. */
+    if (s->fl == NULL && (!s->read_only || (s->layout == STORE_LAYOUT &&
+                                            s->lease_clock == STORE_LEASES_THIS_BOOT))) {
+        rc = inflight_open(s, s->read_only, err, errlen);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+    }
     if (!s->read_only) {
         rc = sync_at_open(s, opt->path, made_len, err, errlen);
         if (rc != STORE_OK) {
@@ -3436,6 +4369,11 @@ static void lmdb_close(void *impl)
 {
     struct lmdb_store *s = impl;
     if (s != NULL) {
+        if (s->fl != NULL) {
+            lmdb_close(s->fl);
+            s->fl = NULL;
+        }
+        free(s->path);
         /* Pooled transactions hold reader slots of this environment, so
          * they go before it does. */
         for (size_t i = 0; i < s->pool_len; i++) {
@@ -3447,7 +4385,7 @@ static void lmdb_close(void *impl)
         if (s->pid != 0) {
             open_envs_remove(s);
         }
-        if (s->held != NULL) {
+        if (s->held != NULL && s->rec == NULL) { /* F's is R's mapping */
             munmap((void *)s->held, HELD_BYTES);
         }
         if (s->durability_fd >= 0) {
