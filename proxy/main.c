@@ -234,7 +234,8 @@ static int check_record(const uint8_t key[STORE_KEY_BYTES], const struct store_r
     int64_t lease_end = lease_end_wall(c, rec);
 
     /* The scan is in key order: the same key twice is one record in two
-     * tables (the store keeps each key in exactly one). */
+     * tables of the records environment (the store keeps each key in one
+     * of them; a key also in flight is visited once, store_scan). */
     if (c->seen++ > 0 && memcmp(key, c->prev_key, STORE_KEY_BYTES) == 0) {
         c->duplicate_keys++;
         c->bad++;
@@ -361,12 +362,17 @@ static int check_store(const char *path, bool print_records)
            (unsigned long long)c.duplicate_keys, (unsigned long long)c.corrupt);
     for (uint64_t i = 0; i < c.corrupt && i < CHECK_CORRUPT_SHOWN; i++)
         printf("%s%s", i > 0 ? "," : "", c.corrupt_first[i]);
-    printf("],\"bad\":%llu,\"leases_from\":\"%s\","
+    printf("],\"bad\":%llu,\"leases_from\":\"%s\",\"in_flight_env\":\"%s\","
            "\"stale_readers_cleared\":%llu,\"map_used_bytes\":%llu,\"map_size_bytes\":%llu}\n",
            (unsigned long long)c.bad,
            c.lease_clock == STORE_LEASES_THIS_BOOT    ? "this_boot"
            : c.lease_clock == STORE_LEASES_OTHER_BOOT ? "previous_boot"
                                                       : "wall_clock",
+           /* Layout 4's records in flight: read when they are of this
+            * boot; of another, they ended with it, and are not opened. */
+           stats.has_inflight                          ? "read"
+           : c.lease_clock == STORE_LEASES_THIS_BOOT  ? "none"
+                                                      : "not_this_boot",
            (unsigned long long)stats.stale_readers_cleared_at_open +
                (unsigned long long)(cleared > 0 ? cleared : 0),
            (unsigned long long)stats.map_used_bytes, (unsigned long long)stats.map_size_bytes);

@@ -57,8 +57,22 @@ struct live_lease {
     struct live_lease *next;
 };
 
-struct writer {
-    struct writer_options opt;
+/*
+ * Two lanes, each a thread with its own queue and its own group commit,
+ * because the store keeps two environments (layout 4, store.h): the
+ * records in flight, never flushed (acquires, releases, heartbeats), and
+ * the records, durable (completes, holds, forgets; purges, syncs and the
+ * reader check run there too). An acquire then never queues behind a
+ * durable commit. Ops of one key may go to both lanes; the store keeps
+ * their edges atomic across the two (store_lmdb.c).
+ */
+enum { LANE_IN_FLIGHT = 0, LANE_RECORDS = 1, LANES = 2 };
+
+struct lane {
+    struct writer *parent;
+    bool records; /* the records' lane: purging, syncing, the reader check */
+    const char *name;
+    struct writer_options opt; /* the writer's, copied */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -86,6 +100,12 @@ struct writer {
     int fail_cause;
     int64_t recovered_said;     /* when a recovery was last said; 0: never */
     uint64_t failures_unlogged; /* failed writes since the last line, not said */
+};
+
+struct writer {
+    struct writer_options opt;
+    struct lane lanes[LANES];
+    bool started[LANES];
 
     pthread_mutex_t stats_lock;
     struct writer_stats stats;
@@ -117,7 +137,7 @@ static void adapt_chunk(size_t *chunk, int64_t took_us, int64_t budget_us)
 
 /* When the condition (rc, cause) was last said, in a slot of w->said (the
  * oldest one is reused for a new condition). */
-static int64_t *said_slot(struct writer *w, int rc, int cause)
+static int64_t *said_slot(struct lane *w, int rc, int cause)
 {
     size_t oldest = 0;
     for (size_t i = 0; i < LOG_CONDITIONS; i++) {
@@ -136,7 +156,7 @@ static int64_t *said_slot(struct writer *w, int rc, int cause)
  * (full: ops were refused STORE_FULL), and why, naming the cause (the map or
  * the file system, with its errno): the clients only see 503, the operator
  * needs the reason. Throttled as said above FAILURE_LOG_EVERY_MS. */
-static void log_failure(struct writer *w, const char *what, int rc, bool full)
+static void log_failure(struct lane *w, const char *what, int rc, bool full)
 {
     char cause[192];
     int code = store_last_cause(cause, sizeof(cause));
@@ -170,7 +190,7 @@ static void log_failure(struct writer *w, const char *what, int rc, bool full)
 /* After a failure, the first request batch committed is said too (a purge
  * that found nothing commits nothing, so it proves nothing), at most once
  * per FLAP_LOG_EVERY_MS: a recovery not said yet is said by a later batch. */
-static void log_recovered(struct writer *w)
+static void log_recovered(struct lane *w)
 {
     int64_t now = idem_mono_ms();
 
@@ -186,15 +206,15 @@ static void log_recovered(struct writer *w)
     w->failures_unlogged = 0;
 }
 
-static void count_purged(struct writer *w, size_t purged)
+static void count_purged(struct lane *w, size_t purged)
 {
-    pthread_mutex_lock(&w->stats_lock);
-    w->stats.purged += purged;
-    pthread_mutex_unlock(&w->stats_lock);
+    pthread_mutex_lock(&w->parent->stats_lock);
+    w->parent->stats.purged += purged;
+    pthread_mutex_unlock(&w->parent->stats_lock);
 }
 
 /* The store reported STORE_FULL: make room now, in bigger batches. */
-static void purge_full(struct writer *w)
+static void purge_full(struct lane *w)
 {
     size_t total = 0;
     bool more = false;
@@ -211,7 +231,7 @@ static void purge_full(struct writer *w)
         if (!more)
             break;
     }
-    w->purge_due = more;
+    w->purge_due = w->records && more;
     count_purged(w, total);
 }
 
@@ -219,7 +239,7 @@ static void purge_full(struct writer *w)
  * request arriving meanwhile waits about PURGE_IDLE_BUDGET_US at most, on a
  * small store or a large one. A failed purge (the disk, say) waits for the
  * next interval. */
-static void purge_idle(struct writer *w)
+static void purge_idle(struct lane *w)
 {
     size_t purged = 0;
     bool more = false;
@@ -298,7 +318,7 @@ void writer_forget_lease(struct writer *w, const uint8_t key[STORE_KEY_BYTES],
     pthread_mutex_unlock(&w->live_lock);
 }
 
-static void apply_batch(struct writer *w, struct writer_job *list)
+static void apply_batch(struct lane *w, struct writer_job *list)
 {
     size_t n = 0;
     size_t purged = 0;
@@ -313,7 +333,7 @@ static void apply_batch(struct writer *w, struct writer_job *list)
     for (size_t i = 0; i < n; i++) {
         /* On the job's op, so that an op-by-op rerun (below) keeps it. */
         if (w->jobs[i]->op.kind == STORE_OP_ACQUIRE)
-            live_mark(w, &w->jobs[i]->op);
+            live_mark(w->parent, &w->jobs[i]->op);
         w->ops[i] = w->jobs[i]->op;
     }
     /* While purge work is due, a bounded share of it rides along in this
@@ -361,7 +381,7 @@ static void apply_batch(struct writer *w, struct writer_job *list)
             room = true;
             /* Before the job goes back: its request forgets the lease
              * when it is freed, which may be as soon as it has the job. */
-            live_add(w, &w->ops[i]);
+            live_add(w->parent, &w->ops[i]);
         }
     }
     /* Said before the jobs go back (the store's cause is this thread's).
@@ -372,13 +392,13 @@ static void apply_batch(struct writer *w, struct writer_job *list)
         log_failure(w, "a write", STORE_EFULL, true);
     else if (rc == 0 && (room || w->fail_rc != STORE_EFULL))
         log_recovered(w);
-    pthread_mutex_lock(&w->stats_lock);
-    w->stats.batches++;
-    w->stats.ops += n;
-    if (n > w->stats.max_batch)
-        w->stats.max_batch = n;
-    w->stats.purged += purged;
-    pthread_mutex_unlock(&w->stats_lock);
+    pthread_mutex_lock(&w->parent->stats_lock);
+    w->parent->stats.batches++;
+    w->parent->stats.ops += n;
+    if (n > w->parent->stats.max_batch)
+        w->parent->stats.max_batch = n;
+    w->parent->stats.purged += purged;
+    pthread_mutex_unlock(&w->parent->stats_lock);
     w->opt.deliver(w->jobs, n, w->opt.ctx);
     if (full)
         purge_full(w);
@@ -386,12 +406,17 @@ static void apply_batch(struct writer *w, struct writer_job *list)
 
 static void *writer_main(void *arg)
 {
-    struct writer *w = arg;
-    int64_t next_purge = idem_mono_ms() + w->opt.purge_interval_ms;
-    int64_t next_sync = w->opt.sync_interval_ms > 0 ? idem_mono_ms() + w->opt.sync_interval_ms : 0;
-    int64_t next_reader_check = idem_mono_ms() + READER_CHECK_EVERY_MS;
+    struct lane *w = arg;
+    /* Only the records' lane purges, syncs and checks readers: the other
+     * never waits for them (its times are never reached). */
+    int64_t never = INT64_MAX;
+    int64_t next_purge = w->records ? idem_mono_ms() + w->opt.purge_interval_ms : never;
+    int64_t next_sync = w->records && w->opt.sync_interval_ms > 0
+                            ? idem_mono_ms() + w->opt.sync_interval_ms
+                            : 0;
+    int64_t next_reader_check = w->records ? idem_mono_ms() + READER_CHECK_EVERY_MS : never;
 
-    pthread_setname_np(pthread_self(), "idem-writer");
+    pthread_setname_np(pthread_self(), w->name);
 
     for (;;) {
         struct writer_job *list = NULL;
@@ -439,7 +464,7 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&w->lock);
 
         now = idem_mono_ms();
-        if (purge_now || now >= next_purge) {
+        if (w->records && (purge_now || now >= next_purge)) {
             w->purge_due = true;
             next_purge = now + w->opt.purge_interval_ms;
         }
@@ -462,7 +487,7 @@ static void *writer_main(void *arg)
         if (stop)
             break;
     }
-    if (w->opt.sync_interval_ms > 0) {
+    if (w->records && w->opt.sync_interval_ms > 0) {
         int rc = store_sync(w->opt.store);
         if (rc != 0)
             log_failure(w, "syncing the store to disk", rc, false);
@@ -472,6 +497,71 @@ static void *writer_main(void *arg)
     pthread_cond_broadcast(&w->stopped_cond);
     pthread_mutex_unlock(&w->lock);
     return NULL;
+}
+
+static void lane_free(struct lane *l)
+{
+    free(l->jobs);
+    free(l->ops);
+    free(l->errors);
+}
+
+static void lane_destroy(struct lane *l)
+{
+    pthread_cond_destroy(&l->cond);
+    pthread_cond_destroy(&l->stopped_cond);
+    pthread_mutex_destroy(&l->lock);
+}
+
+static int lane_start(struct writer *w, size_t i)
+{
+    struct lane *l = &w->lanes[i];
+
+    l->parent = w;
+    l->records = i == LANE_RECORDS;
+    l->name = l->records ? "idem-writer" : "idem-inflight";
+    l->opt = w->opt;
+    l->batch_share = 32;
+    l->idle_chunk = 32;
+    l->jobs = calloc(w->opt.max_batch, sizeof(*l->jobs));
+    l->ops = calloc(w->opt.max_batch, sizeof(*l->ops));
+    l->errors = calloc(w->opt.max_batch, sizeof(*l->errors));
+    if (l->jobs == NULL || l->ops == NULL || l->errors == NULL)
+        return -1;
+    pthread_mutex_init(&l->lock, NULL);
+    idem_cond_init_monotonic(&l->cond);
+    idem_cond_init_monotonic(&l->stopped_cond);
+    if (pthread_create(&l->thread, NULL, writer_main, l) != 0) {
+        lane_destroy(l);
+        return -1;
+    }
+    w->started[i] = true;
+    return 0;
+}
+
+/* Asks a lane to stop and waits until deadline_ms at most; whether it has. */
+static bool lane_stop_by(struct lane *l, int64_t deadline_ms)
+{
+    bool stopped;
+
+    pthread_mutex_lock(&l->lock);
+    l->stopping = true;
+    pthread_cond_signal(&l->cond);
+    while (!l->stopped) {
+        int64_t now = idem_mono_ms();
+        struct timespec ts;
+        if (deadline_ms == INT64_MAX) {
+            pthread_cond_wait(&l->stopped_cond, &l->lock);
+            continue;
+        }
+        if (now >= deadline_ms)
+            break;
+        ts = idem_deadline_in_ms(deadline_ms - now);
+        pthread_cond_timedwait(&l->stopped_cond, &l->lock, &ts);
+    }
+    stopped = l->stopped;
+    pthread_mutex_unlock(&l->lock);
+    return stopped;
 }
 
 int writer_start(const struct writer_options *opt, struct writer **out)
@@ -486,51 +576,54 @@ int writer_start(const struct writer_options *opt, struct writer **out)
         w->opt.max_batch = 1024;
     if (w->opt.purge_interval_ms <= 0)
         w->opt.purge_interval_ms = 60000;
-    w->batch_share = 32;
-    w->idle_chunk = 32;
-    w->jobs = calloc(w->opt.max_batch, sizeof(*w->jobs));
-    w->ops = calloc(w->opt.max_batch, sizeof(*w->ops));
-    w->errors = calloc(w->opt.max_batch, sizeof(*w->errors));
-    if (w->jobs == NULL || w->ops == NULL || w->errors == NULL)
-        goto out;
-    pthread_mutex_init(&w->lock, NULL);
     pthread_mutex_init(&w->stats_lock, NULL);
     pthread_mutex_init(&w->live_lock, NULL);
-    idem_cond_init_monotonic(&w->cond);
-    idem_cond_init_monotonic(&w->stopped_cond);
-    if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
-        pthread_cond_destroy(&w->cond);
-        pthread_cond_destroy(&w->stopped_cond);
-        pthread_mutex_destroy(&w->lock);
-        pthread_mutex_destroy(&w->stats_lock);
-        pthread_mutex_destroy(&w->live_lock);
-        goto out;
+    for (size_t i = 0; i < LANES; i++) {
+        if (lane_start(w, i) != 0)
+            goto out;
     }
     *out = w;
     w = NULL;
     rc = 0;
 out:
     if (w != NULL) {
-        free(w->jobs);
-        free(w->ops);
-        free(w->errors);
+        for (size_t i = 0; i < LANES; i++) {
+            if (w->started[i]) {
+                (void)lane_stop_by(&w->lanes[i], INT64_MAX);
+                pthread_join(w->lanes[i].thread, NULL);
+                lane_destroy(&w->lanes[i]);
+            }
+            lane_free(&w->lanes[i]);
+        }
+        pthread_mutex_destroy(&w->stats_lock);
+        pthread_mutex_destroy(&w->live_lock);
         free(w);
     }
     return rc;
 }
 
+/* Which lane an op goes to: the store's environment it writes. */
+static struct lane *lane_of(struct writer *w, const struct store_op *op)
+{
+    bool in_flight = op->kind == STORE_OP_ACQUIRE || op->kind == STORE_OP_RELEASE ||
+                     (op->kind == STORE_OP_EXTEND && !op->hold);
+    return &w->lanes[in_flight ? LANE_IN_FLIGHT : LANE_RECORDS];
+}
+
 void writer_submit(struct writer *w, struct writer_job *job)
 {
+    struct lane *l = lane_of(w, &job->op);
+
     job->next = NULL;
     job->error = 0;
-    pthread_mutex_lock(&w->lock);
-    if (w->tail != NULL)
-        w->tail->next = job;
+    pthread_mutex_lock(&l->lock);
+    if (l->tail != NULL)
+        l->tail->next = job;
     else
-        w->head = job;
-    w->tail = job;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
+        l->head = job;
+    l->tail = job;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
 }
 
 void writer_stop(struct writer *w)
@@ -540,35 +633,29 @@ void writer_stop(struct writer *w)
 
 int writer_stop_by(struct writer *w, int64_t deadline_ms)
 {
-    bool stopped;
+    bool stopped = true;
 
     if (w == NULL)
         return 0;
-    pthread_mutex_lock(&w->lock);
-    w->stopping = true;
-    pthread_cond_signal(&w->cond);
-    while (!w->stopped) {
-        int64_t now = idem_mono_ms();
-        struct timespec ts;
-        if (deadline_ms == INT64_MAX) {
-            pthread_cond_wait(&w->stopped_cond, &w->lock);
-            continue;
-        }
-        if (now >= deadline_ms)
-            break;
-        ts = idem_deadline_in_ms(deadline_ms - now);
-        pthread_cond_timedwait(&w->stopped_cond, &w->lock, &ts);
+    /* Both lanes are asked first, so they drain side by side. */
+    for (size_t i = 0; i < LANES; i++) {
+        pthread_mutex_lock(&w->lanes[i].lock);
+        w->lanes[i].stopping = true;
+        pthread_cond_signal(&w->lanes[i].cond);
+        pthread_mutex_unlock(&w->lanes[i].lock);
     }
-    stopped = w->stopped;
-    pthread_mutex_unlock(&w->lock);
-    /* Still in a store call (a commit waiting for the disk): the thread,
-     * the queue and every job in it stay as they are; see writer.h. */
+    for (size_t i = 0; i < LANES; i++)
+        stopped = lane_stop_by(&w->lanes[i], deadline_ms) && stopped;
+    /* A lane still in a store call (a commit waiting for the disk): both
+     * threads, the queues and every job in them stay as they are; see
+     * writer.h. */
     if (!stopped)
         return -1;
-    pthread_join(w->thread, NULL);
-    pthread_cond_destroy(&w->cond);
-    pthread_cond_destroy(&w->stopped_cond);
-    pthread_mutex_destroy(&w->lock);
+    for (size_t i = 0; i < LANES; i++) {
+        pthread_join(w->lanes[i].thread, NULL);
+        lane_destroy(&w->lanes[i]);
+        lane_free(&w->lanes[i]);
+    }
     pthread_mutex_destroy(&w->stats_lock);
     pthread_mutex_destroy(&w->live_lock);
     for (size_t b = 0; b < LIVE_BUCKETS; b++) {
@@ -578,9 +665,6 @@ int writer_stop_by(struct writer *w, int64_t deadline_ms)
             w->live[b] = next;
         }
     }
-    free(w->jobs);
-    free(w->ops);
-    free(w->errors);
     free(w);
     return 0;
 }

@@ -1357,7 +1357,8 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         uint64_t keep = 0;
         rc = answer_keep(s, txn, &keep);
         if (rc == STORE_OK) {
-            rc = space_claim(s->rec, s->peer_space, 0, s->rec->reserve_pages + keep);
+            rc = space_claim(s->rec, s->peer_space, RECORD_PAGES,
+                             s->rec->reserve_pages + keep);
         }
         if (rc == STORE_OK) {
             rc = space_claim(s, sp, RECORD_PAGES, s->reserve_pages);
@@ -1447,6 +1448,14 @@ static int do_settle(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     memcpy(next.raw_fingerprint, cur.raw_fingerprint, STORE_FINGERPRINT_BYTES);
     rc = record_load(s, txn, op->key, &old, &old_found, &old_where, false);
     if (rc != STORE_OK) {
+        goto out;
+    }
+    /* R already has what an acquire goes by: a COMPLETE within its TTL or
+     * a live hold. The entry in flight is one its complete or hold left
+     * (a process died before deleting it), and its lease settles nothing:
+     * a COMPLETE is never replaced while it lasts. */
+    if (old_found && (old.state == STORE_STATE_COMPLETE ? old.expires_ms > now
+                                                        : old.lease_expires_ms > s->lease_now)) {
         goto out;
     }
     if (op->kind == STORE_OP_COMPLETE) {
@@ -1817,11 +1826,23 @@ again:
     if (lock_r) {
         int64_t asked = lease_now_ms(s);
         rc = write_begin(s->rec, &peer);
-        /* A long wait for R's lock (a stalled durable commit) held up F's
-         * writer, this process's heartbeats included: a stall, as a long
-         * wait for F's own lock would be (stall_credit). */
-        if (rc == STORE_OK && s->stall_ms > 0 && lease_now_ms(s) - asked >= s->stall_ms) {
-            stall_seen(s, lease_now_ms(s));
+        if (rc == STORE_OK && s->stall_ms > 0) {
+            /* A long wait for R's lock (a stalled durable commit) held up
+             * F's writer, this process's heartbeats included: a stall, as a
+             * long wait for F's own lock would be (stall_credit). So is a
+             * long hold of R's lock that ended just before this one took it
+             * (held_check, in write_begin): a holder whose complete queued
+             * behind it let its lease run out meanwhile, its heartbeats
+             * over, and this steal could otherwise take the key before that
+             * complete takes R's lock. The end is only noted, not written
+             * to F's meta: every process's steal sees R's holds itself. */
+            int64_t r_end = atomic_load(&s->rec->stall_end);
+            if (lease_now_ms(s) - asked >= s->stall_ms) {
+                stall_seen(s, lease_now_ms(s));
+            }
+            if (r_end > 0) {
+                atomic_max(&s->stall_end, r_end);
+            }
         }
         if (rc != STORE_OK) {
             peer = NULL;
@@ -3056,6 +3077,29 @@ static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *
             if (!t[i].done &&
                 (c == NULL || memcmp(t[i].kv.mv_data, c->kv.mv_data, STORE_KEY_BYTES) < 0)) {
                 c = &t[i];
+            }
+        }
+        /* Layout 4: a key both in R and in flight is one record, the one an
+         * acquire goes by (load_merged): R's while it is a COMPLETE within
+         * its TTL or a live hold (the entry in flight is what its complete
+         * had not yet deleted), else the one in flight (R's ended; a
+         * complete or purge replaces it). The other is passed over. Two
+         * tables of R holding one key are still both visited. */
+        if (nt == 3 && c != &t[2] && !t[2].done &&
+            memcmp(t[2].kv.mv_data, c->kv.mv_data, STORE_KEY_BYTES) == 0) {
+            struct store_record_view rv;
+            struct store_record_view fv;
+            if (store_record_parse(c->dv.mv_data, c->dv.mv_size, &rv) == STORE_OK &&
+                store_record_parse(t[2].dv.mv_data, t[2].dv.mv_size, &fv) == STORE_OK) {
+                bool r_wins = rv.state == STORE_STATE_COMPLETE ? rv.expires_ms > now_ms(s)
+                                                               : rv.lease_expires_ms >
+                                                                     lease_now_ms(s);
+                struct scan_cursor *pass = r_wins ? &t[2] : c;
+                c = r_wins ? c : &t[2];
+                rc = scan_step(pass, MDB_NEXT);
+                if (rc != STORE_OK) {
+                    break;
+                }
             }
         }
         memcpy(key, c->kv.mv_data, STORE_KEY_BYTES);

@@ -127,16 +127,21 @@ def table_entries(store):
 
 def index_entries(store):
     """The expiry index as a set of (time ms, record key hex): store_lmdb.c
-    index_key(), 8 bytes big-endian with the sign bit flipped, then the key."""
-    out = subprocess.run(["mdb_dump", "-s", "expiry", store], capture_output=True, check=True,
-                         timeout=60).stdout.decode()
-    lines = out.split("HEADER=END\n", 1)[1].split("DATA=END", 1)[0].split("\n")
+    index_key(), 8 bytes big-endian with the sign bit flipped, then the key.
+    Both environments' (layout 4: the records in flight have theirs in
+    inflight/), as check-store reads both within the boot they were made in."""
     entries = set()
-    for line in lines[0:-1:2]:  # key, value (empty), key, value, ..., ""
-        k = bytes.fromhex(line.strip())
-        assert len(k) == 40, line
-        t = int.from_bytes(k[:8], "big") ^ (1 << 63)
-        entries.add((t - (1 << 64) if t >= 1 << 63 else t, k[8:].hex()))
+    for env in (store, os.path.join(store, "inflight")):
+        if env != store and not os.path.exists(os.path.join(env, "data.mdb")):
+            continue
+        out = subprocess.run(["mdb_dump", "-s", "expiry", env], capture_output=True,
+                             check=True, timeout=60).stdout.decode()
+        lines = out.split("HEADER=END\n", 1)[1].split("DATA=END", 1)[0].split("\n")
+        for line in lines[0:-1:2]:  # key, value (empty), key, value, ..., ""
+            k = bytes.fromhex(line.strip())
+            assert len(k) == 40, line
+            t = int.from_bytes(k[:8], "big") ^ (1 << 63)
+            entries.add((t - (1 << 64) if t >= 1 << 63 else t, k[8:].hex()))
     return entries
 
 

@@ -1,34 +1,38 @@
 #!/usr/bin/env python3
 """A stalling disk (a cloud volume's fdatasync taking seconds): a live lease
-must not be stolen by the proxy's own duplicates.
+must not be stolen, and a key must not run twice, because a commit waits.
 
 The proxy runs under libslowdisk.so (slowdisk.c): while a stall file exists,
 every flush of the store's data.mdb (fdatasync, and LMDB's O_DSYNC meta page
-write) blocks. The store writer is then stuck in one commit; every heartbeat
-of the process queues behind it, and a lease committed by that transaction
-(an extend, or the acquire itself) was computed when the transaction began,
-so when the stall outlasts `lease` it is already over once it is durable.
+write) blocks.
 
-Before 2026-12-06 a duplicate that arrived during such a stall read the
-record, found the lease expired, and its acquire, committed right after the
-stall, stole the key from a holder of the same process that was alive and
-waiting for its heartbeat to commit: the upstream ran the action twice.
-A process now never steals a lease one of its own requests holds (writer.c).
+Until layout 4 every store write of a process went through one writer, so a
+stalled commit held the process's heartbeats up: a lease it extended ran out
+while the holder was alive, and duplicates stole it (the action ran twice)
+until a process never stole a lease of its own (writer.c) and every process
+took a long wait for, or hold of, the writer lock as a stall and gave
+expired leases a lease of credit after it (store_lmdb.c, stall_credit).
 
-The same held across processes on one store until 2026-12-07: the duplicate
-sent to a second proxy waited for LMDB's writer lock behind the stalled
-commit, then stole the key (6 of 6 trials). Every process now takes a wait
-for the writer lock, or a hold of it, longer than half a route's margin
-between heartbeat and lease for a stall of the write path, notes its end in
-the store, and no process steals an expired lease until a full lease after
-it (store_lmdb.c, stall_credit).
+Since layout 4 acquires, releases and heartbeats go to the environment of
+the records in flight, which is never flushed: a stall no longer holds them
+up. What a stall still holds up is a complete (the records environment is
+flushed): the holder's action has answered, its heartbeats have stopped,
+and its lease runs out while its complete waits for the disk. A duplicate
+that finds it expired may not take it over before that complete is in: the
+takeover (a steal) takes the records environment's writer lock first, so it
+comes after a complete that holds it, and finds the COMPLETE; and when the
+complete only queues behind another stalled commit, the steal, which then
+gets the lock first, takes the stall as a stall (its wait, or the long hold
+before it in durability.lock) and the lease as live for a lease after it.
 
-Four cases, each with a stall of 2.5 s against a 1 s lease (heartbeat
-100 ms, the minimum settings), the duplicate sent to the holder's proxy or to
-a second proxy on the same store (both under the same stalled disk):
-  holder_heartbeat  the holder's action is running; its heartbeat is the
-                    stalled commit;
-  holder_acquire    the holder's acquire is the stalled commit.
+The cases, each with a stall of 2.5 s against a 1 s lease (heartbeat
+100 ms, the minimum settings), the duplicate sent to the holder's proxy or
+to a second proxy on the same store (both under the same stalled disk):
+  complete          the holder's complete is the stalled commit;
+  queued            another request's complete is the stalled commit, and
+                    the holder's queues behind it in its writer;
+  acquire           the stall begins before the holder's request: its
+                    acquire goes through, its complete stalls.
 Each: the duplicate must get the holder's answer (a replay), and the
 upstream must see the key once.
 """
@@ -110,26 +114,37 @@ class SlowDisk(SlowDiskProxies, harness.ProxyTestCase):
         self.assertGreaterEqual(int(self.stats().get("stalled", 0)), 1, "no flush was stalled")
         return runs
 
-    def holder_heartbeat_stalled(self, figure, other_process=True, dup_after_s=1.5,
-                                 store=None, dup_store=None):
-        """The holder's action is running and its heartbeat is the stalled
-        commit (or flush); the duplicate is sent dup_after_s into the
-        stall, to the holder's proxy or to a second one."""
+    def holder_complete_stalled(self, figure, other_process=True, dup_after_s=1.8,
+                                queued=False, store=None, dup_store=None):
+        """The holder's action answers 0.3 s into the stall, so its
+        complete is the stalled commit, or (queued) waits in the holder's
+        writer behind another request's complete, which is; its heartbeats
+        stop with the answer and its lease (1 s) runs out during the stall.
+        The duplicate is sent dup_after_s into the stall, to the holder's
+        proxy or to a second one."""
         proxy = self.start_slow_proxy(store=store)
         dup_proxy = (self.start_slow_proxy("slow2", store=dup_store or store)
                      if other_process else proxy)
-        key = "slow-hb"
-        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "4500")],
+        key = "slow-complete"
+        first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "800")],
                           timeout=30)
         self.assertTrue(harness.wait_for(lambda: self.upstream.count(key) == 1, 5))
         time.sleep(0.3)  # a few heartbeats committed
         self.stall()
         started = time.monotonic()
-        time.sleep(dup_after_s)  # past the lease: the last committed extend is over
+        blocker = None
+        if queued:
+            # Its complete takes the stalled commit before the holder's.
+            blocker = in_thread(self.post, proxy, "slow-blocker", timeout=30)
+            self.assertTrue(harness.wait_for(
+                lambda: self.upstream.count("slow-blocker") == 1, 5))
+        time.sleep(max(0, dup_after_s - (time.monotonic() - started)))
         dup = in_thread(self.post, dup_proxy, key, timeout=30)
         time.sleep(max(0, STALL_S - (time.monotonic() - started)))
         self.unstall()
         runs = self.check(key, first, dup)
+        if blocker is not None:
+            self.assertExecuted(blocker.result(30))
         chaoslib.figure(TEST + figure, stall_s=STALL_S, lease=LEASE, heartbeat=HEARTBEAT,
                         executions=runs)
 
@@ -141,7 +156,7 @@ class SlowDisk(SlowDiskProxies, harness.ProxyTestCase):
         started = time.monotonic()
         first = in_thread(self.post, proxy, key, headers=[("X-Test-Delay-Ms", "1500")],
                           timeout=30)
-        time.sleep(0.3)  # the first's acquire is the stalled commit
+        time.sleep(0.3)  # acquired (never flushed); its complete will stall
         dup = in_thread(self.post, dup_proxy, key, timeout=30)
         time.sleep(STALL_S - (time.monotonic() - started))
         self.unstall()
@@ -152,8 +167,11 @@ class SlowDisk(SlowDiskProxies, harness.ProxyTestCase):
     def test_stall_seen_in_one_process_holds_steals_off_in_another(self):
         """The end of a stall goes through the store: a process that saw no
         stall itself (its duplicate came after it) still takes an expired
-        lease as live until a lease after the stall ended. The holder is
-        killed, so the key is stolen in the end, only not at once."""
+        lease as live until a lease after the stall ended (conservative
+        since layout 4, where a stall no longer holds heartbeats up, but a
+        steal may not tell a lease whose complete waited from one whose
+        holder died). The holder is killed, so the key is stolen in the
+        end, only not at once."""
         lease_s = 3.0
         stall_s = 4.0
         routes = [self.route(lease="%gs" % lease_s, heartbeat=HEARTBEAT, wait="10s")]
@@ -168,8 +186,9 @@ class SlowDisk(SlowDiskProxies, harness.ProxyTestCase):
         with self.assertRaises(Exception):  # the connection dies with it
             first.result(30)
         self.stall()
-        # The witness's acquire is the stalled commit; its completion, once
-        # the disk is back, writes the stall's end to the store.
+        # The witness's complete is the stalled commit (its acquire goes
+        # to the records in flight, never flushed); its long hold of the
+        # writer lock is in durability.lock once the disk is back.
         other = in_thread(self.post, witness, "slow-other", timeout=30)
         time.sleep(stall_s)
         self.unstall()
@@ -192,29 +211,34 @@ class SlowDisk(SlowDiskProxies, harness.ProxyTestCase):
 
     def test_duplicate_in_other_process_late_in_the_stall(self):
         """The duplicate reaches the second proxy 0.15 s before the disk is
-        back: its writer waits for the lock less than a stall's length
-        (450 ms here), so it learns of the holder's long hold only from the
-        store's shared record of it (durability.lock, held_check): before
-        that, it took the key 3 of 3 times."""
-        self.holder_heartbeat_stalled("_late_2proc", dup_after_s=STALL_S - 0.15)
+        back: its writer waits for the lock less than a stall's length, so
+        it learns of the holder's long hold only from the store's shared
+        record of it (durability.lock, held_check)."""
+        self.holder_complete_stalled("_late_2proc", dup_after_s=STALL_S - 0.15, queued=True)
 
     def test_interval_flush_stalled_duplicate_in_other_process(self):
-        """Durability "interval": the holder's writer thread is stuck in its
-        periodic flush, which took no lock, so no process saw a stall while
-        the holder's heartbeats queued behind it; the other proxy took the
-        key 2 of 2 times. The flush now holds the writer lock."""
+        """Durability "interval": the holder's writer is stuck in its
+        periodic flush (under the writer lock, so every process sees the
+        hold) when its complete comes."""
         store = {"durability": "interval", "sync_interval": "200ms"}
-        self.holder_heartbeat_stalled("_interval_2proc", store=store,
-                                      dup_store=dict(store, sync_interval="60s"))
+        self.holder_complete_stalled("_interval_2proc", store=store,
+                                     dup_store=dict(store, sync_interval="60s"))
 
-    def test_holder_heartbeat_stalled(self):
-        self.holder_heartbeat_stalled("_heartbeat", other_process=False)
+    def test_holder_complete_stalled(self):
+        self.holder_complete_stalled("_complete", other_process=False)
+
+    def test_holder_complete_stalled_duplicate_in_other_process(self):
+        self.holder_complete_stalled("_complete_2proc")
+
+    def test_holder_complete_queued_behind_a_stall_duplicate_in_other_process(self):
+        """The holder's complete is not the stalled commit but waits behind
+        it in the holder's writer: the duplicate's steal, waiting on the
+        writer lock, gets it first once the disk is back, and must take
+        the stall for one."""
+        self.holder_complete_stalled("_queued_2proc", queued=True)
 
     def test_holder_acquire_stalled(self):
         self.holder_acquire_stalled(other_process=False)
-
-    def test_holder_heartbeat_stalled_duplicate_in_other_process(self):
-        self.holder_heartbeat_stalled("_heartbeat_2proc")
 
     def test_holder_acquire_stalled_duplicate_in_other_process(self):
         self.holder_acquire_stalled(other_process=True)

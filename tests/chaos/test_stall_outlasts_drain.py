@@ -9,7 +9,11 @@ is stuck inside one commit and every store write of the process queues
 behind it. Two requests are in flight when SIGTERM comes:
   complete  its action is running at the upstream; its answer comes during
             the drain and its complete queues behind the stalled commit;
-  acquire   a new key whose acquire is queued behind the stalled commit.
+  acquire   a new key sent during the stall. Until layout 4 its acquire
+            queued behind the stalled commit and nothing was forwarded; now
+            acquires go to the environment of the records in flight, which
+            is never flushed, so it is forwarded at once and its complete
+            queues behind the stall like the first's.
 
 Before 2026-12-06 the workers waited for every store write they had queued
 and the main thread for the writer, so the process exited only once the
@@ -108,7 +112,7 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
             self.addCleanup(timer.cancel)
         self.addCleanup(self.unstall)
         new = in_thread(self.post, proxy, new_key, timeout=60)
-        time.sleep(0.3)  # its acquire waits behind the stalled commit
+        time.sleep(0.3)  # forwarded; its complete waits behind the stalled commit
         t0 = time.monotonic()
         proxy.terminate()
         self.note("SIGTERM")
@@ -135,38 +139,35 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
         self.assertStallHeld(proxy, rc, still_stalled)
         self.assertTrue(check.ok, check)
 
-        # The new key: nothing forwarded, the client told to retry. At exit
-        # 0 every store write came back, so an acquire that landed after
-        # its client's 503 was released again; at 75 it may stay, held by
-        # a lease that ends.
-        self.assertEqual(self.upstream.count(new_key), 0)
-        self.assertProblem(new_r, 503)
-        if rc == 0:
-            self.assertIsNone(new_rec, "the late acquire was not released: %r" % (new_rec,))
-        else:
-            self.assertTrue(new_rec is None or new_rec["state"] == "in_progress", new_rec)
-        self.assertTrue(new_r.json()["type"].endswith(":shutting-down"), new_r)
-        # The running action: its answer only if the store holds it
-        # (durability "sync"); else 503, saying that it ran.
-        self.assertEqual(self.upstream.count(done_key), 1)
-        if done_r.status == 201:
-            self.assertExecuted(done_r)
-            self.assertEqual((done_rec or {}).get("state"), "complete",
-                             "the client got the upstream's answer, the store does not hold it")
-        else:
-            self.assertProblem(done_r, 503)
-            self.assertTrue(done_r.json()["type"].endswith(":shutting-down"), done_r)
-            self.assertIn("the action ran", done_r.json()["detail"])
-        self.assertIsNotNone(done_rec, "the running action's record is gone: a retry would "
-                             "run it again at once")
+        # Both keys' actions ran: the new key's acquire does not wait for
+        # the disk (the records in flight are never flushed, layout 4), so
+        # it was forwarded at once, and its complete queued behind the stall
+        # as the other's did. Each gets its answer only if the store holds
+        # it (durability "sync"); else 503, saying that it ran. Neither
+        # record is gone, or a retry would run it again at once.
+        for key, resp, rec in ((done_key, done_r, done_rec), (new_key, new_r, new_rec)):
+            self.assertEqual(self.upstream.count(key), 1, key)
+            if resp.status == 201:
+                self.assertExecuted(resp)
+                self.assertEqual((rec or {}).get("state"), "complete",
+                                 "%s: the client got the upstream's answer, the store does not "
+                                 "hold it" % key)
+            else:
+                self.assertProblem(resp, 503)
+                self.assertTrue(resp.json()["type"].endswith(":shutting-down"), resp)
+                self.assertIn("the action ran", resp.json()["detail"])
+            self.assertIsNotNone(rec, "%s: the running action's record is gone: a retry would "
+                                 "run it again at once" % key)
 
     def test_answers_in_the_second_before_the_stop(self):
-        """Two requests in the second between the 503s and the stop, on one
-        event loop (server.workers 1), the disk stalled throughout:
-          released  its upstream answered 500 during the drain, and the
-                    release of its record waits behind the stall: it gets
-                    that 500 (true whether or not the release lands), not a
-                    503 "retry" that hid that it had been sent;
+        """Requests around the second between the 503s and the stop, on one
+        event loop (server.workers 1), the disk stalled throughout, while a
+        complete waits behind the stall (stored: its answer came during the
+        drain), so the stop gives up on it and the process stays that second:
+          released  its upstream answered 500 during the drain: it gets that
+                    500, not a 503 "retry" that hid that it had been sent
+                    (until layout 4 its release waited behind the stall too;
+                    now it goes to the records in flight, never flushed);
           late      a new key sent on a connection kept alive from before
                     SIGTERM, after the 503s: 503 shutting-down at once, where
                     its acquire used to queue behind the stall and the stop
@@ -181,7 +182,10 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
         released = in_thread(self.post, proxy, "stall-500",
                              headers=[("X-Test-Delay-Ms", "1500"), ("X-Test-Status", "500")],
                              timeout=60)
-        self.assertTrue(harness.wait_for(lambda: self.upstream.count("stall-500") == 1, 5))
+        stored = in_thread(self.post, proxy, "stall-stored",
+                           headers=[("X-Test-Delay-Ms", "1500")], timeout=60)
+        self.assertTrue(harness.wait_for(lambda: self.upstream.count("stall-500") == 1 and
+                                         self.upstream.count("stall-stored") == 1, 5))
         self.stall()
         self.addCleanup(self.unstall)
         t0 = time.monotonic()
@@ -194,12 +198,15 @@ class StallOutlastsDrain(SlowDiskProxies, harness.ProxyTestCase):
         rc, exit_s = self.wait_exit(proxy, t0)
         self.unstall()
         released = released.result(30)
-        self.note("late answered at %.2f s; exit %r at %.2f s; released: %d", late_s, rc, exit_s,
-                  released.status)
+        stored = stored.result(30)
+        self.note("late answered at %.2f s; exit %r at %.2f s; released: %d, stored: %d", late_s,
+                  rc, exit_s, released.status, stored.status)
         chaoslib.figure(TEST + "_last_second", late_s=round(late_s, 2), exit_s=round(exit_s, 2),
                         status=rc, released=released.status, late=late.status)
         self.assertEqual(released.status, 500, released)
         self.assertFalse(released.replayed, released)
+        self.assertProblem(stored, 503)
+        self.assertIn("the action ran", stored.json()["detail"])
         self.assertProblem(late, 503)
         self.assertIn(b"shutting-down", late.body)
         self.assertLess(late_s, DRAIN_S + 2.0 + 0.5, "the late request waited for the stop")

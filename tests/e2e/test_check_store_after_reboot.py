@@ -2,9 +2,12 @@
 """Leases are kept on the boot clock, so a store remembers the boot its leases
 were taken under. After a reboot every lease in it has ended with its holder;
 the first proxy to open the store for writing settles them. check-store opens
-a store read-only and settles nothing: it must still say the lease is over
-(stealable, ending now), not show a time on the old boot's clock as if the
-dead holder were alive, and say which boot the leases are from.
+a store read-only and settles nothing: it must still say which boot the
+leases are from, and not show a time on the old boot's clock as if the dead
+holder were alive. Records in flight (layout 4) live in an environment that
+is never flushed and is made again by the first proxy of a new boot: after
+a reboot check-store does not open it (it may be torn) and shows none of
+them.
 
 A reboot cannot happen in a test, so the test changes the boot id the store
 remembers (meta "lease_epoch") with LMDB's own mdb_dump/mdb_load while no
@@ -48,17 +51,13 @@ class CheckStoreAfterReboot(harness.ProxyTestCase):
         self.assertIsNone(done[0]["lease_expires_ms"], done)
 
         harness.forget_boot(self.store_path)
-        before_ms = time.time() * 1000
         rc, records, summary = check_store(self.store_path)
-        after_ms = time.time() * 1000
         self.assertEqual(rc, 0, summary)
         self.assertEqual((summary["in_progress"], summary["stealable"], summary["held"],
-                          summary["complete"]), (1, 1, 0, 1), summary)
+                          summary["complete"]), (0, 0, 0, 1), summary)
         self.assertEqual(summary["leases_from"], "previous_boot", summary)
-        ended = [r for r in records if r["state"] == "in_progress"][0]
-        self.assertFalse(ended["held"], ended)
-        self.assertGreaterEqual(ended["lease_expires_ms"], before_ms - 1, ended)
-        self.assertLessEqual(ended["lease_expires_ms"], after_ms + 1, ended)
+        self.assertEqual(summary["in_flight_env"], "not_this_boot", summary)
+        self.assertEqual([r["state"] for r in records], ["complete"], records)
 
         # What check-store said is what the next proxy does: the key runs
         # again at once, not a minute later, and the result stays.

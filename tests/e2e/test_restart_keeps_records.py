@@ -55,7 +55,7 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         old = self.start_proxy(config=cfg, name="old")
         first = self.post(old, "upgraded-1")
         self.assertExecuted(first)
-        set_layout(self.store_path, 4)
+        set_layout(self.store_path, 5)
 
         # New keys are refused before anything is forwarded, and say why.
         for i in range(3):
@@ -71,14 +71,14 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         # Once writes go through again (here: the layout put back, as a
         # stand-in for a store that recovers), stderr says so, with how many
         # failures it did not print one by one.
-        set_layout(self.store_path, 3)
+        set_layout(self.store_path, 4)
         self.assertExecuted(self.post(old, "upgraded-after"))
         self.assertTrue(harness.wait_for(lambda: "writes succeed again" in old.stderr(), 5),
                         old.stderr())
         m = re.search(r"writes succeed again \((\d+) failed transactions", old.stderr())
         self.assertIsNotNone(m, old.stderr())
         self.assertGreaterEqual(int(m.group(1)), 2, old.stderr())
-        set_layout(self.store_path, 4)
+        set_layout(self.store_path, 5)
         self.assertEqual(old.stop(), 0, old.stderr())
 
         # And this version refuses to start on it.
@@ -89,7 +89,7 @@ class RestartKeepsRecords(harness.ProxyTestCase):
         p = subprocess.run([harness.binary(), "--config", path], stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=10)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn(b"written by a newer idemproxy (store layout 4", p.stderr)
+        self.assertIn(b"written by a newer idemproxy (store layout 5", p.stderr)
 
 
 if __name__ == "__main__":

@@ -167,14 +167,14 @@ class ShowAndForgetKey(harness.ProxyTestCase):
         self.assertExecuted(self.post(proxy, "old-1"))
         self.assertEqual(proxy.stop(), 0, proxy.stderr())
         subprocess.run(["mdb_load", "-T", "-s", "meta", self.store_path],
-                       input=b"layout\n\\02\\00\\00\\00\n", check=True, timeout=10)
+                       input=b"layout\n\\03\\00\\00\\00\n", check=True, timeout=10)
         rc, res, err = self.tool("forget-key", self.store_path, "payments", "old-1")
         self.assertEqual(rc, 2, (res, err))
-        self.assertIn("of an older layout (2; this idemproxy's is 3)", err)
+        self.assertIn("of an older layout (3; this idemproxy's is 4)", err)
         self.assertIn("start a proxy of this version on it first", err)
         dump = subprocess.run(["mdb_dump", "-s", "meta", self.store_path], capture_output=True,
                               check=True, timeout=10).stdout.decode()
-        self.assertIn(" 6c61796f7574\n 02000000\n", dump)  # "layout": 2, as it was
+        self.assertIn(" 6c61796f7574\n 03000000\n", dump)  # "layout": 3, as it was
         rc, doc, _ = self.tool("show-key", self.store_path, "payments", "old-1")
         self.assertEqual((rc, doc["state"]), (0, "complete"))
 

@@ -1964,6 +1964,9 @@ static void use_lease_clock(struct fixture *f, int64_t lease_now, const char *ep
  * before (both clocks move). 0 reads: no stall. */
 static _Atomic int64_t stall_jump;
 static _Atomic int stall_reads_left;
+/* With stall_once, only the stall_read_at-th read jumps (one stalled
+ * commit, and nothing after it). */
+static _Atomic bool stall_once;
 
 static int64_t stalling_lease_now(void *ctx)
 {
@@ -1972,6 +1975,8 @@ static int64_t stalling_lease_now(void *ctx)
     if (atomic_load(&stall_jump) != 0 && atomic_fetch_sub(&stall_reads_left, 1) <= 1) {
         atomic_fetch_add(&c->lease_now, atomic_load(&stall_jump));
         atomic_fetch_add(&c->now, atomic_load(&stall_jump));
+        if (atomic_load(&stall_once))
+            atomic_store(&stall_jump, 0);
     }
     return atomic_load(&c->lease_now);
 }
@@ -2056,6 +2061,203 @@ static void test_stalled_hold_seen_by_the_next_taker(void **state)
     reopen_watching(f, false);
     assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
     assert_true(b.lease_expires_ms >= atomic_load(&f->clock.lease_now) + 1000 - 1);
+}
+
+/* Layout 4: a complete's commit stalls (the records environment is
+ * flushed; the records in flight are not), so the holder's lease runs out
+ * while its complete waits, here behind another complete's stalled commit
+ * in its writer. The steal that then takes the records' writer lock first
+ * must take that long hold for a stall (held_check, through
+ * durability.lock, since it waited for the lock less than a stall itself)
+ * and the lease as live, or the key runs twice. Without the records'
+ * holds counted in the steal, the duplicate here took the key. */
+static void test_stalled_complete_seen_by_a_steal(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_op other;
+
+    use_lease_clock(f, 100000, "boot-1");
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    assert_int_equal(acquire(f->st, "other", 'a', 1000, 60000, &other), STORE_ACQUIRED);
+    reopen_watching(f, true);
+    /* Reads: the wait's start, the lock's taking, the batch's now, the
+     * commit's end: the jump comes at the fourth, inside the records
+     * environment's commit of the other key's complete. */
+    atomic_store(&stall_reads_left, 4);
+    atomic_store(&stall_once, true);
+    atomic_store(&stall_jump, 3000);
+    assert_int_equal(complete(f->st, "other", other.lease_id, 60000, "ok"), STORE_DONE);
+    assert_int_equal(atomic_load(&stall_jump), 0); /* the jump came, once */
+    atomic_store(&stall_once, false);
+    reopen_watching(f, false); /* another process: it saw nothing itself */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_BUSY);
+    assert_true(b.lease_expires_ms >= atomic_load(&f->clock.lease_now) + 1000 - 1);
+    /* The holder's complete lands, and the duplicate replays it. */
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "once"), STORE_DONE);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
+    store_record_clear(&b.replay);
+}
+
+/* Layout 4: a complete is committed in the records environment, then its
+ * entry in flight is deleted; a process that dies between the two leaves
+ * that entry (put back here behind the store's back, as it was). The
+ * COMPLETE wins everywhere: an acquire replays it, reads and a scan show
+ * it once, the stale lease settles nothing, and purge takes both. */
+static void test_entry_left_in_flight_after_a_complete(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op b;
+    struct store_record rec;
+    MDB_env *env = NULL;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_dbi edbi;
+    MDB_cursor *cur;
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t copy[512];
+    uint8_t idx[8 + STORE_KEY_BYTES];
+    MDB_val k = {sizeof(key), key};
+    MDB_val v;
+    MDB_val ik;
+    MDB_val iv;
+    char fpath[4200];
+    size_t purged = 0;
+    int n = 0;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    key_of("k", key);
+    store_close(f->st);
+    f->st = NULL;
+    snprintf(fpath, sizeof(fpath), "%s/inflight", f->path);
+    txn = raw_begin(fpath, true, &env);
+    assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
+    assert_int_equal(mdb_get(txn, dbi, &k, &v), 0);
+    assert_true(v.mv_size <= sizeof(copy));
+    memcpy(copy, v.mv_data, v.mv_size);
+    v.mv_data = copy;
+    assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &edbi), 0);
+    assert_int_equal(mdb_cursor_open(txn, edbi, &cur), 0);
+    assert_int_equal(mdb_cursor_get(cur, &ik, &iv, MDB_FIRST), 0); /* its one entry */
+    assert_int_equal(ik.mv_size, sizeof(idx));
+    memcpy(idx, ik.mv_data, sizeof(idx));
+    mdb_cursor_close(cur);
+    raw_end(env, txn, true);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "once"), STORE_DONE);
+    store_close(f->st);
+    f->st = NULL;
+    txn = raw_begin(fpath, false, &env);
+    assert_int_equal(mdb_dbi_open(txn, "inflight", 0, &dbi), 0);
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, MDB_NOOVERWRITE), 0); /* it was deleted */
+    assert_int_equal(mdb_dbi_open(txn, "expiry", 0, &edbi), 0);
+    ik.mv_data = idx;
+    ik.mv_size = sizeof(idx);
+    iv.mv_size = 0;
+    iv.mv_data = NULL;
+    assert_int_equal(mdb_put(txn, edbi, &ik, &iv, MDB_NOOVERWRITE), 0); /* so was this */
+    raw_end(env, txn, false);
+    assert_int_equal(open_at(f, f->path, 0, &f->st), 0);
+
+    assert_int_equal(closed_tables_holding(f, "k"), IN_RECORDS | IN_FLIGHT_ENV);
+    get(f->st, "k", &rec);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    store_record_clear(&rec);
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
+    assert_body(&b.replay, "once");
+    store_record_clear(&b.replay);
+    assert_int_equal(acquire(f->st, "k", 'b', 1000, 60000, &b), STORE_MISMATCH);
+    assert_int_equal(store_scan(f->st, count_records, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "twice"), STORE_FENCED);
+    advance(f, 2000); /* the entry's lease is over: still the COMPLETE */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
+    store_record_clear(&b.replay);
+
+    advance(f, 120000);
+    assert_int_equal(store_purge(f->st, 10, &purged, NULL), 0);
+    assert_int_equal(purged, 2);
+    assert_int_equal(records_in(f->st), 0);
+    assert_int_equal(closed_tables_holding(f, "k"), 0);
+}
+
+struct steal_arg {
+    struct store *st;
+    struct store_op op;
+    atomic_bool done;
+};
+
+static void *steal_thread(void *p)
+{
+    struct steal_arg *a = p;
+    assert_int_equal(store_apply(a->st, &a->op, 1), 0);
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+/* Layout 4's lock order, across processes: while another process holds the
+ * records environment's writer lock (as a complete does from its lease
+ * check until its commit is durable), an acquire of a new key goes through
+ * (it writes the records in flight only), and a steal waits for the lock:
+ * it comes after that complete, never between its check and its commit. */
+static void test_steal_waits_for_the_records_lock(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op n;
+    struct steal_arg steal;
+    pthread_t t;
+    int locked[2];
+    int release[2];
+    char c = 0;
+    pid_t pid;
+    int status = 0;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 2000); /* its lease is over */
+    assert_int_equal(pipe(locked), 0);
+    assert_int_equal(pipe(release), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        MDB_env *env = NULL;
+        MDB_txn *txn = NULL;
+        int code = 1;
+        if (mdb_env_create(&env) == 0 && mdb_env_set_maxdbs(env, 4) == 0 &&
+            mdb_env_open(env, f->path, 0, 0600) == 0 &&
+            mdb_txn_begin(env, NULL, 0, &txn) == 0) {
+            code = write(locked[1], "l", 1) == 1 && read(release[0], &c, 1) == 1 ? 0 : 1;
+            mdb_txn_abort(txn);
+        }
+        _exit(code);
+    }
+    assert_int_equal(read(locked[0], &c, 1), 1); /* the child holds the lock */
+
+    assert_int_equal(acquire(f->st, "new", 'a', 1000, 60000, &n), STORE_ACQUIRED);
+    memset(&steal, 0, sizeof(steal));
+    steal.st = f->st;
+    steal.op.kind = STORE_OP_ACQUIRE;
+    key_of("k", steal.op.key);
+    fp_of('a', steal.op.fingerprint);
+    steal.op.lease_ms = 1000;
+    steal.op.ttl_ms = 60000;
+    assert_int_equal(pthread_create(&t, NULL, steal_thread, &steal), 0);
+    usleep(200000);
+    assert_false(atomic_load(&steal.done)); /* waiting for the child's lock */
+    assert_int_equal(write(release[1], "r", 1), 1);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(atomic_load(&steal.done));
+    assert_int_equal(steal.op.outcome, STORE_ACQUIRED);
+    assert_true(steal.op.stolen);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    for (int i = 0; i < 2; i++) {
+        close(locked[i]);
+        close(release[i]);
+    }
+    assert_int_equal(complete(f->st, "k", a.lease_id, 60000, "late"), STORE_FENCED);
 }
 
 /* Leases are on the lease clock: a step of the wall clock past a live
@@ -4087,6 +4289,9 @@ int main(void)
         STORE_TEST(test_stall_reaches_another_process_through_meta),
         STORE_TEST(test_stall_of_another_boot_in_meta_overwritten),
         STORE_TEST(test_stalled_hold_seen_by_the_next_taker),
+        STORE_TEST(test_stalled_complete_seen_by_a_steal),
+        STORE_TEST(test_entry_left_in_flight_after_a_complete),
+        STORE_TEST(test_steal_waits_for_the_records_lock),
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
