@@ -242,6 +242,17 @@ struct lmdb_store {
      * found that it needs R's lock, and the batch runs again with it. */
     MDB_txn *peer_txn;
     bool peer_locked;
+    /* In F: the entries whose complete or hold R has committed, to delete
+     * (if they still carry that lease) in F's next write transaction
+     * rather than in one of their own on R's writer, whose answers would
+     * wait for it (inflight_drop). Under drop_lock; dropping them late is
+     * harmless (R's record shadows them), so they are kept in memory
+     * only: a process that dies leaves them, as a crash between the two
+     * commits always could. */
+    pthread_mutex_t drop_lock;
+    struct drop *drops;
+    size_t drops_len;
+    size_t drops_cap;
     bool need_peer_lock;
     struct space *peer_space; /* R's space, claimed by F's acquires */
 
@@ -1275,6 +1286,9 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     bool found = false;
     bool same_fp;
     bool r_ended_lease = false;
+    bool r_complete = false;
+    bool leftover = false;
+    uint8_t r_lease[STORE_LEASE_ID_BYTES];
     int rc = STORE_OK;
 
     if (s->rec != NULL) {
@@ -1307,12 +1321,22 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
          * counts is F (R's leftover goes with purge, or a complete). An
          * ended hold taken over is a steal, as it was in one table. */
         r_ended_lease = found && cur.state == STORE_STATE_IN_PROGRESS;
+        r_complete = found && cur.state == STORE_STATE_COMPLETE;
+        if (r_complete) {
+            memcpy(r_lease, cur.lease_id, STORE_LEASE_ID_BYTES);
+        }
     }
     rc = record_load(s, txn, op->key, &cur, &found, &where, false);
     if (rc != STORE_OK) {
         goto out;
     }
-    same_fp = found && same_request(&cur, op);
+    /* An F entry under the lease of R's COMPLETE (past its TTL here) is the
+     * one that complete left, its delete queued or lost (inflight_drop): no
+     * holder is behind it, so it is replaced like an absent record, with no
+     * steal and without R's lock. */
+    leftover = found && r_complete && cur.state == STORE_STATE_IN_PROGRESS &&
+               lease_matches(&cur, r_lease);
+    same_fp = found && !leftover && same_request(&cur, op);
     if (found && cur.state == STORE_STATE_COMPLETE && cur.expires_ms > now) {
         res->outcome = same_fp ? STORE_REPLAY : STORE_MISMATCH;
         if (same_fp && op->want_replay) {
@@ -1320,7 +1344,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
         }
         goto out;
     }
-    if (found && cur.state == STORE_STATE_IN_PROGRESS) {
+    if (found && !leftover && cur.state == STORE_STATE_IN_PROGRESS) {
         bool own = op->has_live_lease &&
                    memcmp(cur.lease_id, op->live_lease_id, STORE_LEASE_ID_BYTES) == 0;
         int64_t live_until = cur.lease_expires_ms;
@@ -1346,7 +1370,7 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
      * from its lease check until its commit is durable, so the steal comes
      * before the check (the complete is fenced) or after the commit (it
      * finds the COMPLETE above and replays). */
-    if (s->rec != NULL && found && !s->peer_locked) {
+    if (s->rec != NULL && found && !leftover && !s->peer_locked) {
         s->need_peer_lock = true;
         rc = RC_NEED_RECORDS_LOCK;
         goto out;
@@ -1398,7 +1422,8 @@ static int do_acquire(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int6
     }
     if (rc == STORE_OK) {
         res->outcome = STORE_ACQUIRED;
-        res->stolen = (found && cur.state == STORE_STATE_IN_PROGRESS) || r_ended_lease;
+        res->stolen =
+            (found && !leftover && cur.state == STORE_STATE_IN_PROGRESS) || r_ended_lease;
         res->lease_expires_ms = next.lease_expires_ms;
         memcpy(res->lease_id, next.lease_id, STORE_LEASE_ID_BYTES);
     }
@@ -1441,6 +1466,7 @@ static int do_settle(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
      * (R's writes below do not move it). */
     memset(&next, 0, sizeof(next));
     next.state = STORE_STATE_IN_PROGRESS;
+    memcpy(next.lease_id, cur.lease_id, STORE_LEASE_ID_BYTES); /* a COMPLETE keeps it */
     next.lease_expires_ms = cur.lease_expires_ms;
     next.expires_ms = cur.expires_ms;
     memcpy(next.fingerprint, cur.fingerprint, STORE_FINGERPRINT_BYTES);
@@ -1456,6 +1482,10 @@ static int do_settle(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
      * a COMPLETE is never replaced while it lasts. */
     if (old_found && (old.state == STORE_STATE_COMPLETE ? old.expires_ms > now
                                                         : old.lease_expires_ms > s->lease_now)) {
+        goto out;
+    }
+    /* ... nor, past its TTL, by the lease that completed it. */
+    if (old_found && old.state == STORE_STATE_COMPLETE && lease_matches(&old, op->lease_id)) {
         goto out;
     }
     if (op->kind == STORE_OP_COMPLETE) {
@@ -1686,55 +1716,150 @@ struct purge_share {
     bool failed;
 };
 
+/* An F entry to delete once R's commit of its complete or hold is
+ * durable: its key, and the lease that op settled. */
+struct drop {
+    uint8_t key[STORE_KEY_BYTES];
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+};
+
+static bool settles_in_r(const struct store_op *op)
+{
+    return op->kind == STORE_OP_COMPLETE || (op->kind == STORE_OP_EXTEND && op->hold);
+}
+
 /* Layout 4, once R's commit of a batch is durable: the F entries of the
- * batch's completes and holds go, each only while it still carries the
- * lease that op settled (nothing else can have replaced it since: a steal
- * finds R's record first). Best effort: an entry left (this fails, or the
- * process dies first) is shadowed by R's record for every acquire and goes
- * with purge. */
+ * batch's completes and holds are queued for F's next write transaction
+ * (inflight_drops_apply), each to go only while it still carries the lease
+ * that op settled (nothing else can have replaced it since: a steal finds
+ * R's record first). Without memory for the queue they are left, which a
+ * crash between the two could always do: R's record shadows them for every
+ * acquire, read and scan, and purge takes them. */
 static void inflight_drop(struct lmdb_store *f, const struct store_op *ops,
                           const struct op_result *res, size_t n)
 {
-    MDB_txn *txn = NULL;
-    bool any = false;
-    int rc = STORE_OK;
-
-    for (size_t i = 0; i < n && !any; i++) {
-        any = res[i].outcome == STORE_DONE &&
-              (ops[i].kind == STORE_OP_COMPLETE || (ops[i].kind == STORE_OP_EXTEND && ops[i].hold));
+    pthread_mutex_lock(&f->drop_lock);
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].outcome != STORE_DONE || !settles_in_r(&ops[i])) {
+            continue;
+        }
+        if (f->drops_len == f->drops_cap) {
+            size_t cap = f->drops_cap ? f->drops_cap * 2 : 64;
+            struct drop *d = realloc(f->drops, cap * sizeof(*d));
+            if (d == NULL) {
+                break;
+            }
+            f->drops = d;
+            f->drops_cap = cap;
+        }
+        memcpy(f->drops[f->drops_len].key, ops[i].key, STORE_KEY_BYTES);
+        memcpy(f->drops[f->drops_len].lease_id, ops[i].lease_id, STORE_LEASE_ID_BYTES);
+        f->drops_len++;
     }
-    if (!any || write_begin(f, &txn) != STORE_OK) {
+    pthread_mutex_unlock(&f->drop_lock);
+}
+
+/* Takes F's queued drops (the caller owns the array; *n of them). */
+static struct drop *inflight_drops_take(struct lmdb_store *f, size_t *n)
+{
+    struct drop *d;
+
+    pthread_mutex_lock(&f->drop_lock);
+    d = f->drops;
+    *n = f->drops_len;
+    f->drops = NULL;
+    f->drops_len = 0;
+    f->drops_cap = 0;
+    pthread_mutex_unlock(&f->drop_lock);
+    return d;
+}
+
+/* Puts drops taken back (their transaction did not commit), before any
+ * queued since. */
+static void inflight_drops_put_back(struct lmdb_store *f, struct drop *d, size_t n)
+{
+    if (d == NULL) {
         return;
     }
+    pthread_mutex_lock(&f->drop_lock);
+    if (f->drops_len > 0) {
+        struct drop *all = realloc(d, (n + f->drops_len) * sizeof(*d));
+        if (all == NULL) {
+            pthread_mutex_unlock(&f->drop_lock);
+            free(d); /* left in F: harmless, see inflight_drop */
+            return;
+        }
+        memcpy(all + n, f->drops, f->drops_len * sizeof(*all));
+        free(f->drops);
+        d = all;
+        n += f->drops_len;
+    }
+    f->drops = d;
+    f->drops_len = n;
+    f->drops_cap = n;
+    pthread_mutex_unlock(&f->drop_lock);
+}
+
+/* Deletes the drops' entries in F's write transaction txn. */
+static int inflight_drops_apply(struct lmdb_store *f, MDB_txn *txn, const struct drop *d,
+                                size_t n, bool *changed)
+{
+    int rc = STORE_OK;
+
     for (size_t i = 0; i < n && rc == STORE_OK; i++) {
         struct store_record_view v;
         enum rec_table where = REC_NONE;
         bool found = false;
 
-        if (res[i].outcome != STORE_DONE ||
-            !(ops[i].kind == STORE_OP_COMPLETE || (ops[i].kind == STORE_OP_EXTEND && ops[i].hold))) {
-            continue;
-        }
-        rc = record_load(f, txn, ops[i].key, &v, &found, &where, true);
+        rc = record_load(f, txn, d[i].key, &v, &found, &where, true);
         if (rc == STORE_ECORRUPT) {
-            rc = STORE_OK;
+            rc = STORE_OK; /* not ours to judge here: purge's */
             continue;
         }
         if (rc == STORE_OK && found && v.state == STORE_STATE_IN_PROGRESS &&
-            lease_matches(&v, ops[i].lease_id)) {
-            rc = index_del(f, txn, v.expires_ms, ops[i].key);
+            lease_matches(&v, d[i].lease_id)) {
+            rc = index_del(f, txn, v.expires_ms, d[i].key);
             if (rc == STORE_OK) {
-                rc = record_del(f, txn, ops[i].key, where);
+                rc = record_del(f, txn, d[i].key, where);
+                *changed = true;
             }
         }
     }
+    return rc;
+}
+
+/* F's queued drops in a transaction of their own (a purge, a sync, the
+ * close: nothing else may come to F for a while). Best effort. */
+static void inflight_drops_flush(struct lmdb_store *f)
+{
+    size_t n = 0;
+    struct drop *d = inflight_drops_take(f, &n);
+    MDB_txn *txn = NULL;
+    bool changed = false;
+
+    int rc;
+
+    if (n == 0 || write_begin(f, &txn) != STORE_OK) {
+        inflight_drops_put_back(f, d, n);
+        return;
+    }
+    rc = inflight_drops_apply(f, txn, d, n, &changed);
+    if (rc == STORE_OK && !changed) {
+        write_abort(f, txn);
+        free(d); /* none of them is there any more */
+        return;
+    }
     if (rc == STORE_OK) {
-        if (write_commit(f, txn) == 0) {
+        rc = map_err(write_commit(f, txn)); /* frees txn either way */
+        if (rc == STORE_OK) {
             atomic_fetch_add(&f->commits, 1);
+            free(d);
+            return;
         }
     } else {
         write_abort(f, txn);
     }
+    inflight_drops_put_back(f, d, n);
 }
 
 static bool inflight_due(struct lmdb_store *f);
@@ -1800,6 +1925,9 @@ static int run_batch(struct lmdb_store *s, const struct store_op *ops, const siz
     struct lmdb_store *peer_of = s->rec != NULL ? s->rec : s->fl;
     bool peer_write = s->fl != NULL && batch_writes_inflight(ops, n);
     bool lock_r = false;
+    struct drop *drops = NULL;
+    size_t ndrops = 0;
+    bool dropped = false;
     struct space psp;
     int64_t now;
     struct space sp;
@@ -1877,6 +2005,19 @@ again:
     s->peer_locked = lock_r;
     s->need_peer_lock = false;
     s->peer_space = &psp;
+    if (s->rec != NULL) {
+        /* F's writer: the deletes queued by R's completes ride along. */
+        drops = inflight_drops_take(s, &ndrops);
+        rc = inflight_drops_apply(s, txn, drops, ndrops, &dropped);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        if (!dropped) {
+            free(drops); /* none of them is there any more */
+            drops = NULL;
+            ndrops = 0;
+        }
+    }
     /* Read the clock only once the writer lock is held: a wait for the
      * lock must not make "now" stale. */
     now = now_ms(s);
@@ -1894,6 +2035,10 @@ again:
     if (rc == RC_NEED_RECORDS_LOCK && !lock_r) {
         s->peer_txn = NULL;
         write_abort(s, txn);
+        inflight_drops_put_back(s, drops, ndrops);
+        drops = NULL;
+        ndrops = 0;
+        dropped = false;
         txn = NULL;
         read_end(s->rec, peer);
         peer = NULL;
@@ -1919,7 +2064,7 @@ again:
             inflight_purge_share(s, now, ps);
         }
     }
-    if (n == 0 && !purging && atomic_load(&s->stall_unstamped) <= 0) {
+    if (n == 0 && !purging && !dropped && atomic_load(&s->stall_unstamped) <= 0) {
         goto out; /* nothing to commit: abort, no disk write */
     }
     stamped = stall_stamp(s, txn);
@@ -1929,6 +2074,9 @@ again:
     rc = map_err(write_commit(s, txn)); /* frees txn, even when it fails */
     txn = NULL;
     if (rc == STORE_OK) {
+        free(drops); /* done */
+        drops = NULL;
+        ndrops = 0;
         if (stamped > 0) {
             atomic_compare_exchange_strong(&s->stall_unstamped, &stamped, 0);
         }
@@ -1954,6 +2102,9 @@ out:
         s->peer_space = NULL;
         write_abort(s, txn);
     }
+    /* Not committed (an abort with nothing to commit included: then they
+     * found nothing to delete, and going again costs a lookup each). */
+    inflight_drops_put_back(s, drops, ndrops);
     if (peer != NULL) {
         if (lock_r || peer_write) {
             write_abort(peer_of, peer);
@@ -2314,21 +2465,6 @@ static int lmdb_apply(void *impl, struct store_op *ops, size_t n)
     return lmdb_apply_purge(impl, ops, n, 0, &purged, &more);
 }
 
-/* key's record as reads see it (get, view): a COMPLETE record past its TTL
- * is absent even before a purge. */
-static int load_visible(struct lmdb_store *s, MDB_txn *txn, const uint8_t key[STORE_KEY_BYTES],
-                        struct store_record_view *v, bool *found)
-{
-    enum rec_table where = REC_NONE;
-    int rc = record_load(s, txn, key, v, found, &where, false);
-
-    if (rc == STORE_OK && *found && v->state == STORE_STATE_COMPLETE &&
-        v->expires_ms <= now_ms(s)) {
-        *found = false;
-    }
-    return rc;
-}
-
 /* A read of both environments (layout 4): F's transaction is begun before
  * R's, so a record whose complete deleted its F entry before the first is
  * in the second. ftxn is NULL without F. */
@@ -2368,28 +2504,47 @@ static void read_pair_end(struct lmdb_store *s, struct read_pair *p)
 
 /* The record of key as a read sees it across both environments: R's when
  * it is a COMPLETE within its TTL or a live hold (an acquire looks there
- * first), else F's entry in flight when there is one, else R's. */
+ * first), else F's entry in flight when there is one, unless it is the one
+ * R's COMPLETE left (its lease; do_acquire), else R's. */
 static int load_merged(struct lmdb_store *s, const struct read_pair *p,
                        const uint8_t key[STORE_KEY_BYTES], struct store_record_view *v,
                        bool *found)
 {
+    struct store_record_view rv;
     struct store_record_view fv;
+    enum rec_table where = REC_NONE;
+    bool rfound = false;
     bool ffound = false;
-    int rc = load_visible(s, p->rtxn, key, v, found);
+    int rc = record_load(s, p->rtxn, key, &rv, &rfound, &where, false);
 
-    if (rc != STORE_OK || p->ftxn == NULL) {
+    *found = false;
+    if (rc != STORE_OK) {
         return rc;
     }
-    if (*found && (v->state == STORE_STATE_COMPLETE ||
-                   v->lease_expires_ms > lease_now_ms(s))) {
+    if (rfound && (rv.state == STORE_STATE_COMPLETE ? rv.expires_ms > now_ms(s)
+                                                    : rv.lease_expires_ms > lease_now_ms(s))) {
+        *v = rv;
+        *found = true;
         return STORE_OK;
     }
-    rc = load_visible(s->fl, p->ftxn, key, &fv, &ffound);
-    if (rc == STORE_OK && ffound) {
-        *v = fv;
+    if (p->ftxn != NULL) {
+        rc = record_load(s->fl, p->ftxn, key, &fv, &ffound, &where, false);
+        if (rc != STORE_OK) {
+            return rc;
+        }
+        if (ffound && fv.state == STORE_STATE_IN_PROGRESS &&
+            !(rfound && rv.state == STORE_STATE_COMPLETE && lease_matches(&fv, rv.lease_id))) {
+            *v = fv;
+            *found = true;
+            return STORE_OK;
+        }
+    }
+    /* R's, as load_visible has it: a COMPLETE past its TTL is absent. */
+    if (rfound && !(rv.state == STORE_STATE_COMPLETE)) {
+        *v = rv;
         *found = true;
     }
-    return rc;
+    return STORE_OK;
 }
 
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
@@ -2905,7 +3060,12 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
     struct lmdb_store *s = impl;
     size_t got = 0;
     bool fmore = false;
-    int rc = purge_env(s, max_records, purged, more);
+    int rc;
+
+    if (s->fl != NULL) {
+        inflight_drops_flush(s->fl); /* an idle proxy's last completes' */
+    }
+    rc = purge_env(s, max_records, purged, more);
 
     if (rc == STORE_OK && s->fl != NULL && *purged < max_records && inflight_due(s->fl)) {
         rc = purge_env(s->fl, max_records - *purged, &got, &fmore);
@@ -2934,7 +3094,13 @@ static int lmdb_stats(void *impl, struct store_stats *out)
     MDB_txn *txn = NULL;
     MDB_stat st;
     MDB_envinfo info;
-    int rc = read_begin(s, &txn);
+    int rc;
+
+    if (s->fl != NULL && !s->read_only) {
+        /* So that a key whose complete is in R is not counted in F too. */
+        inflight_drops_flush(s->fl);
+    }
+    rc = read_begin(s, &txn);
 
     if (rc != STORE_OK) {
         goto out;
@@ -3091,9 +3257,9 @@ static int lmdb_scan(void *impl, store_scan_fn fn, store_scan_bad_fn bad, void *
             struct store_record_view fv;
             if (store_record_parse(c->dv.mv_data, c->dv.mv_size, &rv) == STORE_OK &&
                 store_record_parse(t[2].dv.mv_data, t[2].dv.mv_size, &fv) == STORE_OK) {
-                bool r_wins = rv.state == STORE_STATE_COMPLETE ? rv.expires_ms > now_ms(s)
-                                                               : rv.lease_expires_ms >
-                                                                     lease_now_ms(s);
+                bool r_wins = rv.state == STORE_STATE_COMPLETE
+                                  ? rv.expires_ms > now_ms(s) || lease_matches(&fv, rv.lease_id)
+                                  : rv.lease_expires_ms > lease_now_ms(s);
                 struct scan_cursor *pass = r_wins ? &t[2] : c;
                 c = r_wins ? c : &t[2];
                 rc = scan_step(pass, MDB_NEXT);
@@ -3134,6 +3300,9 @@ static int lmdb_sync(void *impl)
     MDB_txn *txn = NULL;
     int rc;
 
+    if (s->fl != NULL) {
+        inflight_drops_flush(s->fl);
+    }
     if (s->stall_ms <= 0) {
         return map_err(LMDB_CALL(mdb_env_sync(s->env, 1)));
     }
@@ -3770,13 +3939,19 @@ static int inflight_open(struct lmdb_store *r, bool read_only, char *err, size_t
         snprintf(err, errlen, "store: out of memory");
         return STORE_ENOMEM;
     }
+    if (pthread_mutex_init(&f->drop_lock, NULL) != 0) {
+        pthread_mutex_destroy(&f->pool_lock);
+        free(f);
+        snprintf(err, errlen, "store: cannot create a mutex");
+        return STORE_ENOMEM;
+    }
+    f->rec = r; /* first: lmdb_close() of F goes by it */
     f->durability_fd = -1;
     f->clock = r->clock;
     f->read_only = read_only;
     f->stall_ms = r->stall_ms;
     f->shared_fs = r->shared_fs;
     f->lease_clock = r->lease_clock;
-    f->rec = r;
     /* F's writer lock's holds are shared in durability.lock too, after
      * R's (held_check): a stalled write of F held heartbeats up. */
     f->held = r->held != NULL ? r->held + 2 : NULL;
@@ -4414,8 +4589,15 @@ static void lmdb_close(void *impl)
     struct lmdb_store *s = impl;
     if (s != NULL) {
         if (s->fl != NULL) {
+            if (!s->read_only) {
+                inflight_drops_flush(s->fl);
+            }
             lmdb_close(s->fl);
             s->fl = NULL;
+        }
+        if (s->rec != NULL) {
+            free(s->drops);
+            pthread_mutex_destroy(&s->drop_lock);
         }
         free(s->path);
         /* Pooled transactions hold reader slots of this environment, so
