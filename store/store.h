@@ -19,15 +19,24 @@
  *                    records whose TTL has elapsed and whose lease has expired.
  *
  * Caveats, as lmdb.h puts them:
- *   - store_apply() runs every op of one call in ONE write transaction: that
- *     is the group commit. The ops of one key are applied in the order
- *     given, later ones seeing earlier ones; ops on different keys never see
- *     each other, and the store may run them in another order (it runs them
- *     in the order of their expiry-index entries). Either all of them are committed or (on a hard error, a negative
- *     return) none is, except for ops that report STORE_FULL, which are simply
- *     not applied while the others are.
- *   - Only one write transaction runs at a time across every process sharing
- *     the store path, so callers funnel writes through one writer thread.
+ *   - The store keeps two environments (layout 4, store/README.md): the
+ *     records in flight (acquire, release, extend) and the records
+ *     (complete, a hold, forget), each with its own writer lock.
+ *     store_apply() runs the ops of one call that go to one environment in
+ *     ONE write transaction: that is the group commit. The ops of one key
+ *     are applied in the order given, later ones seeing earlier ones; ops on
+ *     different keys never see each other, and the store may run them in
+ *     another order (it runs them in the order of their expiry-index
+ *     entries). Either all of them are committed or (on a hard error, a
+ *     negative return) none is, except for ops that report STORE_FULL,
+ *     which are simply not applied while the others are. A call that mixes
+ *     the two environments' ops runs one transaction per environment (or,
+ *     when a key has ops in both, one per run of one environment's ops, in
+ *     the order given), and a failing one leaves those before it committed:
+ *     callers that need all-or-nothing give each call one environment's ops.
+ *   - Only one write transaction per environment runs at a time across every
+ *     process sharing the store path, so callers funnel each environment's
+ *     writes through one writer thread (proxy/writer.c: two).
  *   - store_get() and the other reads never need the writer and may run on
  *     any thread concurrently with store_apply().
  *   - Records returned by store_get() are copies owned by the caller: free

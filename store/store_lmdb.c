@@ -1682,6 +1682,21 @@ static int do_forget(struct lmdb_store *s, MDB_txn *txn, const struct store_op *
     if (rc != STORE_OK) {
         return rc;
     }
+    if (live_f > 0) {
+        /* The entry a complete left (its delete queued, or lost with its
+         * process) runs nothing: its lease is the COMPLETE's. */
+        struct store_record_view rv;
+        struct store_record_view fv;
+        enum rec_table where = REC_NONE;
+        bool rfound = false;
+        bool ffound = false;
+        if (record_load(s, txn, op->key, &rv, &rfound, &where, false) == STORE_OK && rfound &&
+            rv.state == STORE_STATE_COMPLETE &&
+            record_load(f, s->peer_txn, op->key, &fv, &ffound, &where, true) == STORE_OK &&
+            ffound && lease_matches(&fv, rv.lease_id)) {
+            live_f = 0;
+        }
+    }
     if (!op->force && (live_r > 0 || live_f > 0)) {
         res->outcome = STORE_BUSY;
         res->lease_expires_ms = live_r > live_f ? live_r : live_f;
