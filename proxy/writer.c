@@ -80,6 +80,10 @@ struct lane {
     struct writer_job *tail;
     bool stopping;
     bool purge_now;
+    /* The records' lane: the other lane's acquires found the store full,
+     * and this one purges at once (under lock), so that the lane that
+     * carries the heartbeats never waits for the records' writer lock. */
+    bool purge_full_asked;
     bool stopped;                /* writer_main has returned (under lock) */
     pthread_cond_t stopped_cond; /* signalled when it is set */
 
@@ -400,8 +404,15 @@ static void apply_batch(struct lane *w, struct writer_job *list)
     w->parent->stats.purged += purged;
     pthread_mutex_unlock(&w->parent->stats_lock);
     w->opt.deliver(w->jobs, n, w->opt.ctx);
-    if (full)
+    if (full && w->records) {
         purge_full(w);
+    } else if (full) {
+        struct lane *r = &w->parent->lanes[LANE_RECORDS];
+        pthread_mutex_lock(&r->lock);
+        r->purge_full_asked = true;
+        pthread_cond_signal(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+    }
 }
 
 static void *writer_main(void *arg)
@@ -423,11 +434,13 @@ static void *writer_main(void *arg)
         struct writer_job *rest = NULL;
         bool stop;
         bool purge_now;
+        bool full_asked;
         int64_t now;
 
         pthread_mutex_lock(&w->lock);
         /* With purge work due, an empty queue is time to purge: no wait. */
-        while (w->head == NULL && !w->stopping && !w->purge_now && !w->purge_due) {
+        while (w->head == NULL && !w->stopping && !w->purge_now && !w->purge_due &&
+               !w->purge_full_asked) {
             int64_t wake = next_purge;
             struct timespec ts;
             if (next_sync != 0 && next_sync < wake)
@@ -461,6 +474,8 @@ static void *writer_main(void *arg)
         stop = w->stopping && w->head == NULL && list == NULL;
         purge_now = w->purge_now;
         w->purge_now = false;
+        full_asked = w->purge_full_asked;
+        w->purge_full_asked = false;
         pthread_mutex_unlock(&w->lock);
 
         now = idem_mono_ms();
@@ -468,6 +483,8 @@ static void *writer_main(void *arg)
             w->purge_due = true;
             next_purge = now + w->opt.purge_interval_ms;
         }
+        if (full_asked)
+            purge_full(w);
         if (list != NULL)
             apply_batch(w, list);
         else if (w->purge_due && !stop)

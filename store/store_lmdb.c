@@ -249,6 +249,13 @@ struct lmdb_store {
      * harmless (R's record shadows them), so they are kept in memory
      * only: a process that dies leaves them, as a crash between the two
      * commits always could. */
+    /* In F, while R's writer purges F inside a batch of R's (under both
+     * locks, inflight_purge_share): the batch's ops, whose completes and
+     * holds are not committed yet. Their keys' entries must not be purged:
+     * between F's commit and R's, an acquire would find neither. */
+    const struct store_op *spare_ops;
+    const struct op_result *spare_res;
+    size_t spare_n;
     pthread_mutex_t drop_lock;
     struct drop *drops;
     size_t drops_len;
@@ -1743,6 +1750,18 @@ static bool settles_in_r(const struct store_op *op)
     return op->kind == STORE_OP_COMPLETE || (op->kind == STORE_OP_EXTEND && op->hold);
 }
 
+/* Whether purge must leave key's entry alone (see spare_ops). */
+static bool purge_spared(const struct lmdb_store *s, const uint8_t key[STORE_KEY_BYTES])
+{
+    for (size_t i = 0; i < s->spare_n; i++) {
+        if (settles_in_r(&s->spare_ops[i]) &&
+            memcmp(s->spare_ops[i].key, key, STORE_KEY_BYTES) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Layout 4, once R's commit of a batch is durable: the F entries of the
  * batch's completes and holds are queued for F's next write transaction
  * (inflight_drops_apply), each to go only while it still carries the lease
@@ -1854,8 +1873,25 @@ static void inflight_drops_flush(struct lmdb_store *f)
 
     int rc;
 
+    MDB_txn *rtxn = NULL;
+    uint32_t layout = 0;
+
     if (n == 0 || write_begin(f, &txn) != STORE_OK) {
         inflight_drops_put_back(f, d, n);
+        return;
+    }
+    /* Only while the store is of this layout (R's, which a newer process
+     * raises; F's own is always this code's). */
+    if (read_begin(f->rec, &rtxn) != STORE_OK) {
+        write_abort(f, txn);
+        inflight_drops_put_back(f, d, n);
+        return;
+    }
+    rc = layout_read(f->rec, rtxn, &layout);
+    read_end(f->rec, rtxn);
+    if (rc != STORE_OK || layout != STORE_LAYOUT) {
+        write_abort(f, txn);
+        free(d);
         return;
     }
     rc = inflight_drops_apply(f, txn, d, n, &changed);
@@ -1883,7 +1919,8 @@ static bool inflight_due(struct lmdb_store *f);
  * in a transaction of F's committed while R's writer lock is still held
  * (purging F needs it, purge_txn). Best effort: a failure leaves them for
  * the next share or an idle purge. */
-static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge_share *ps)
+static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge_share *ps,
+                                 const struct store_op *ops, const struct op_result *res, size_t n)
 {
     struct lmdb_store *f = s->fl;
     MDB_txn *ftxn = NULL;
@@ -1896,7 +1933,13 @@ static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge
         return;
     }
     f->lease_now = s->lease_now;
+    f->spare_ops = ops;
+    f->spare_res = res;
+    f->spare_n = n;
     rc = purge_steps(f, ftxn, now, ps->max_records - ps->deleted, &deleted, &more, &changed);
+    f->spare_ops = NULL;
+    f->spare_res = NULL;
+    f->spare_n = 0;
     if (rc == STORE_OK && changed && write_commit(f, ftxn) == 0) {
         atomic_fetch_add(&f->commits, 1);
         ps->deleted += deleted;
@@ -1977,14 +2020,21 @@ again:
              * (held_check, in write_begin): a holder whose complete queued
              * behind it let its lease run out meanwhile, its heartbeats
              * over, and this steal could otherwise take the key before that
-             * complete takes R's lock. The end is only noted, not written
-             * to F's meta: every process's steal sees R's holds itself. */
+             * complete takes R's lock. */
             int64_t r_end = atomic_load(&s->rec->stall_end);
-            if (lease_now_ms(s) - asked >= s->stall_ms) {
-                stall_seen(s, lease_now_ms(s));
+            int64_t stamped_end = 0;
+            int64_t lnow = lease_now_ms(s);
+            if (lnow - asked >= s->stall_ms) {
+                stall_seen(s, lnow);
             }
-            if (r_end > 0) {
-                atomic_max(&s->stall_end, r_end);
+            /* ... and what R's meta has (a stall another process saw and
+             * stamped there, which a later short hold hid from held_check). */
+            if (stall_read(peer, s->rec->meta, &stamped_end) == STORE_OK &&
+                stamped_end > r_end && stamped_end <= lnow) {
+                r_end = stamped_end;
+            }
+            if (r_end > 0 && r_end <= lnow) {
+                stall_seen(s, r_end); /* into F's meta with this batch */
             }
         }
         if (rc != STORE_OK) {
@@ -1996,6 +2046,22 @@ again:
     if (rc != STORE_OK) {
         txn = NULL;
         goto out;
+    }
+    if (s->rec != NULL) {
+        /* F's writer: the deletes queued by R's completes ride along. Taken
+         * before R's snapshot below is begun: each was queued after its
+         * complete's R commit, so that snapshot has the COMPLETE, and an
+         * acquire of this batch that no longer finds the entry finds it. */
+        drops = inflight_drops_take(s, &ndrops);
+        rc = inflight_drops_apply(s, txn, drops, ndrops, &dropped);
+        if (rc != STORE_OK) {
+            goto out;
+        }
+        if (!dropped) {
+            free(drops); /* none of them is there any more */
+            drops = NULL;
+            ndrops = 0;
+        }
     }
     if (peer_of != NULL && !lock_r) {
         rc = peer_write ? write_begin(peer_of, &peer) : read_begin(peer_of, &peer);
@@ -2020,19 +2086,6 @@ again:
     s->peer_locked = lock_r;
     s->need_peer_lock = false;
     s->peer_space = &psp;
-    if (s->rec != NULL) {
-        /* F's writer: the deletes queued by R's completes ride along. */
-        drops = inflight_drops_take(s, &ndrops);
-        rc = inflight_drops_apply(s, txn, drops, ndrops, &dropped);
-        if (rc != STORE_OK) {
-            goto out;
-        }
-        if (!dropped) {
-            free(drops); /* none of them is there any more */
-            drops = NULL;
-            ndrops = 0;
-        }
-    }
     /* Read the clock only once the writer lock is held: a wait for the
      * lock must not make "now" stale. */
     now = now_ms(s);
@@ -2076,7 +2129,7 @@ again:
             goto out;
         }
         if (s->fl != NULL && !peer_write && !ps->more && ps->deleted < ps->max_records) {
-            inflight_purge_share(s, now, ps);
+            inflight_purge_share(s, now, ps, ops, res, n);
         }
     }
     if (n == 0 && !purging && !dropped && atomic_load(&s->stall_unstamped) <= 0) {
@@ -2099,12 +2152,12 @@ again:
         atomic_fetch_add(&s->ops_committed, (uint64_t)n);
         if (peer_write) {
             /* R's commit is durable: F's deletes follow it. Should this
-             * fail, the entries stay, and a forget run again finds them. */
-            rc = map_err(write_commit(peer_of, peer));
-            peer = NULL;
-            if (rc == STORE_OK) {
+             * fail, R's stands (its results are reported), and the entries
+             * stay: a forget run again finds them. */
+            if (write_commit(peer_of, peer) == 0) {
                 atomic_fetch_add(&peer_of->commits, 1);
             }
+            peer = NULL;
         }
     } else if (rc == STORE_EFULL && purging) {
         /* The pages the purge freed must be listed at commit, and that
@@ -2127,7 +2180,7 @@ out:
             read_end(peer_of, peer);
         }
     }
-    if (rc == STORE_OK && s->fl != NULL && !peer_write) {
+    if (rc == STORE_OK && s->fl != NULL) {
         inflight_drop(s->fl, ops, res, n);
     }
     if (rc != STORE_OK) {
@@ -2189,9 +2242,13 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     bool more = true;
     bool hard = false;
 
-    /* An acquire of F's writer may have found no room in R (for its
-     * answer) or in F: both are purged. */
+    /* In F's writer (layout 4) an acquire may have found no room in R (for
+     * its answer) or in F: both are purged, which takes R's writer lock,
+     * and F's writer, carrying every heartbeat, waits for it. A wait long
+     * enough to be a stall is noted as one (stall_credit), as a steal's
+     * wait for that lock is. */
     struct lmdb_store *r = s->rec != NULL ? s->rec : s;
+    int64_t began = s->rec != NULL && s->stall_ms > 0 ? lease_now_ms(s) : 0;
 
     for (int round = 0; round < FULL_PURGE_ROUNDS && more; round++) {
         /* A purge that fails (it may be full itself) just stops early. */
@@ -2202,6 +2259,9 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     (void)settle_after_purge(r); /* best effort: the retry says what fits */
     if (r->fl != NULL) {
         (void)settle_after_purge(r->fl);
+    }
+    if (began > 0 && lease_now_ms(s) - began >= s->stall_ms) {
+        stall_seen(s, lease_now_ms(s));
     }
     /* Earlier ops may commit here, so the call itself succeeds and reports
      * them; an op that still does not fit is reported as not applied, and
@@ -2720,7 +2780,8 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
         }
         if (!found || v.expires_ms != t) {
             rc = index_del(s, txn, t, key); /* stale entry */
-        } else if (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= s->lease_now) {
+        } else if (v.state == STORE_STATE_COMPLETE ||
+                   (v.lease_expires_ms <= s->lease_now && !purge_spared(s, key))) {
             /* COMPLETE past its TTL, or IN_PROGRESS past its TTL whose lease
              * expired too (CONTRACT.md section 2, purge). */
             rc = record_del(s, txn, key, where);
@@ -2871,7 +2932,8 @@ static int sweep_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             break;
         } else {
             purge = v.expires_ms <= now &&
-                    (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= s->lease_now);
+                    (v.state == STORE_STATE_COMPLETE || v.lease_expires_ms <= s->lease_now) &&
+                    !(kv.mv_size == STORE_KEY_BYTES && purge_spared(s, kv.mv_data));
         }
         if (purge) {
             /* The cursor then stands on the next record, which MDB_NEXT

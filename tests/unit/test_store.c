@@ -2194,6 +2194,37 @@ static void test_entry_left_in_flight_after_a_complete(void **state)
     assert_int_equal(closed_tables_holding(f, "k"), 0);
 }
 
+/* Layout 4: a batch of R's writer purges F with what is left of its
+ * share, committing F before R. An entry whose complete is in that batch
+ * (its TTL and lease both over, a slow action) must not go in that purge:
+ * between the two commits an acquire would find neither the entry nor the
+ * COMPLETE, and run the key again. Spared, it is moved, not deleted; the
+ * complete's queued delete takes it. */
+static void test_purge_share_spares_the_batch_completes(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op c;
+    size_t purged = 0;
+    bool more = false;
+
+    assert_int_equal(acquire(f->st, "slow", 'a', 1000, 500, &a), STORE_ACQUIRED);
+    advance(f, 2000); /* its TTL and its lease are over; nobody stole it */
+    memset(&c, 0, sizeof(c));
+    c.kind = STORE_OP_COMPLETE;
+    key_of("slow", c.key);
+    memcpy(c.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    c.ttl_ms = 60000;
+    c.status = 200;
+    c.body.ptr = "ran once";
+    c.body.len = 8;
+    assert_int_equal(store_apply_purge(f->st, &c, 1, 10, &purged, &more), 0);
+    assert_int_equal(c.outcome, STORE_DONE);
+    assert_int_equal(purged, 0);
+    assert_int_equal(state_of(f->st, "slow"), STORE_STATE_COMPLETE);
+    assert_int_equal(records_in(f->st), 1);
+}
+
 struct steal_arg {
     struct store *st;
     struct store_op op;
@@ -4303,6 +4334,7 @@ int main(void)
         STORE_TEST(test_stalled_complete_seen_by_a_steal),
         STORE_TEST(test_entry_left_in_flight_after_a_complete),
         STORE_TEST(test_steal_waits_for_the_records_lock),
+        STORE_TEST(test_purge_share_spares_the_batch_completes),
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
