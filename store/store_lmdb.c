@@ -3642,6 +3642,33 @@ static int file_usable(const char *dir, const char *name, char *err, size_t errl
     return STORE_OK;
 }
 
+/* Layout 4's directory of the records in flight, when there is one: the
+ * proxy removes and makes its files at a reboot, and writes them always. */
+static int inflight_dir_usable(const char *path, char *err, size_t errlen)
+{
+    char dir[4200];
+    struct stat sb;
+    int rc = STORE_OK;
+
+    if (snprintf(dir, sizeof(dir), "%s/" INFLIGHT_DIR, path) >= (int)sizeof(dir)) {
+        snprintf(err, errlen, "store: path too long: %s", path);
+        return STORE_EINVAL;
+    }
+    if (lstat(dir, &sb) != 0) {
+        return STORE_OK; /* made at start, in the store directory checked above */
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "store: %s is not a directory", dir);
+        return STORE_EINVAL;
+    }
+    if (!may(dir, W_OK | X_OK))
+        return no_access("cannot write in", dir, errno, err, errlen);
+    rc = file_usable(dir, "data.mdb", err, errlen);
+    if (rc == STORE_OK)
+        rc = file_usable(dir, "lock.mdb", err, errlen);
+    return rc;
+}
+
 static int path_check(const char *path, bool allow_shared_fs, char *err, size_t errlen)
 {
     char at[4096];
@@ -3668,6 +3695,8 @@ static int path_check(const char *path, bool allow_shared_fs, char *err, size_t 
             rc = file_usable(path, "lock.mdb", err, errlen);
         if (rc == STORE_OK)
             rc = file_usable(path, "durability.lock", err, errlen);
+        if (rc == STORE_OK)
+            rc = inflight_dir_usable(path, err, errlen);
         return rc;
     }
     if (errno == EACCES)

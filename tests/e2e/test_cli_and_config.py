@@ -201,6 +201,20 @@ class CliAndConfig(harness.ProxyTestCase):
         os.chmod(os.path.join(files, "data.mdb"), 0o400)
         if os.geteuid() == 0:
             os.chown(files, nobody.pw_uid, nobody.pw_gid)
+        # The same for the records in flight (store layout 4: inflight/,
+        # whose files the proxy writes, and removes after a reboot).
+        fl_files = os.path.join(self.workdir, "fl-files")
+        os.makedirs(os.path.join(fl_files, "inflight"))
+        with open(os.path.join(fl_files, "inflight", "data.mdb"), "wb") as f:
+            f.write(b"\0" * 8192)
+        os.chmod(os.path.join(fl_files, "inflight", "data.mdb"), 0o400)
+        if os.geteuid() == 0:
+            os.chown(fl_files, nobody.pw_uid, nobody.pw_gid)
+            os.chown(os.path.join(fl_files, "inflight"), nobody.pw_uid, nobody.pw_gid)
+        fl_file = os.path.join(self.workdir, "fl-file")
+        os.mkdir(fl_file)
+        with open(os.path.join(fl_file, "inflight"), "w") as f:
+            f.write("x")
 
         def check_as(store, cwd="/"):
             p = subprocess.run([binary, "check-config", cfg, "--store", store],
@@ -224,6 +238,13 @@ class CliAndConfig(harness.ProxyTestCase):
         rc, err = check_as(files)
         self.assertEqual(rc, 1, err)
         self.assertIn("cannot read and write %s" % os.path.join(files, "data.mdb"), err)
+        rc, err = check_as(fl_files)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("cannot read and write %s" % os.path.join(fl_files, "inflight", "data.mdb"),
+                      err)
+        rc, err = check(fl_file)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("%s is not a directory" % os.path.join(fl_file, "inflight"), err)
 
     def test_check_store_finds_a_key_stored_twice(self):
         proxy = self.start_proxy()
