@@ -81,8 +81,9 @@ struct lane {
     bool stopping;
     bool purge_now;
     /* The records' lane: the other lane's acquires found the store full,
-     * and this one purges at once (under lock), so that the lane that
-     * carries the heartbeats never waits for the records' writer lock. */
+     * and this one purges at once (under lock): the store does not purge
+     * in the lane that carries the heartbeats, which would wait for the
+     * records' writer lock (store_lmdb.c, apply_after_full). */
     bool purge_full_asked;
     bool stopped;                /* writer_main has returned (under lock) */
     pthread_cond_t stopped_cond; /* signalled when it is set */

@@ -254,7 +254,6 @@ struct lmdb_store {
      * holds are not committed yet. Their keys' entries must not be purged:
      * between F's commit and R's, an acquire would find neither. */
     const struct store_op *spare_ops;
-    const struct op_result *spare_res;
     size_t spare_n;
     pthread_mutex_t drop_lock;
     struct drop *drops;
@@ -1933,12 +1932,11 @@ static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge
         return;
     }
     f->lease_now = s->lease_now;
+    (void)res;
     f->spare_ops = ops;
-    f->spare_res = res;
     f->spare_n = n;
     rc = purge_steps(f, ftxn, now, ps->max_records - ps->deleted, &deleted, &more, &changed);
     f->spare_ops = NULL;
-    f->spare_res = NULL;
     f->spare_n = 0;
     if (rc == STORE_OK && changed && write_commit(f, ftxn) == 0) {
         atomic_fetch_add(&f->commits, 1);
@@ -2152,12 +2150,13 @@ again:
         atomic_fetch_add(&s->ops_committed, (uint64_t)n);
         if (peer_write) {
             /* R's commit is durable: F's deletes follow it. Should this
-             * fail, R's stands (its results are reported), and the entries
-             * stay: a forget run again finds them. */
-            if (write_commit(peer_of, peer) == 0) {
+             * fail, the call fails (the operator's forget-key says so), and
+             * a forget run again finds what stayed in F and deletes it. */
+            rc = map_err(write_commit(peer_of, peer));
+            peer = NULL;
+            if (rc == STORE_OK) {
                 atomic_fetch_add(&peer_of->commits, 1);
             }
-            peer = NULL;
         }
     } else if (rc == STORE_EFULL && purging) {
         /* The pages the purge freed must be listed at commit, and that
@@ -2242,27 +2241,23 @@ static int apply_after_full(struct lmdb_store *s, const struct store_op *ops, st
     bool more = true;
     bool hard = false;
 
-    /* In F's writer (layout 4) an acquire may have found no room in R (for
-     * its answer) or in F: both are purged, which takes R's writer lock,
-     * and F's writer, carrying every heartbeat, waits for it. A wait long
-     * enough to be a stall is noted as one (stall_credit), as a steal's
-     * wait for that lock is. */
-    struct lmdb_store *r = s->rec != NULL ? s->rec : s;
-    int64_t began = s->rec != NULL && s->stall_ms > 0 ? lease_now_ms(s) : 0;
-
-    for (int round = 0; round < FULL_PURGE_ROUNDS && more; round++) {
-        /* A purge that fails (it may be full itself) just stops early. */
-        if (lmdb_purge(r, FULL_PURGE_BATCH, &purged, &more) != STORE_OK) {
-            more = false;
+    /* F's writer (layout 4) purges nothing here: purging either
+     * environment takes R's writer lock, and F's writer, carrying every
+     * heartbeat, must not wait for it (a disk slow enough to fill the
+     * store's room with waiting completes would hold the heartbeats up
+     * for as long, in holds too short for other processes to take for a
+     * stall). Its ops that do not fit are refused (STORE_FULL), and its
+     * caller has R's writer purge (store_purge(); proxy/writer.c asks the
+     * records' lane). */
+    if (s->rec == NULL) {
+        for (int round = 0; round < FULL_PURGE_ROUNDS && more; round++) {
+            /* A purge that fails (it may be full itself) just stops early. */
+            if (lmdb_purge(s, FULL_PURGE_BATCH, &purged, &more) != STORE_OK) {
+                more = false;
+            }
         }
     }
-    (void)settle_after_purge(r); /* best effort: the retry says what fits */
-    if (r->fl != NULL) {
-        (void)settle_after_purge(r->fl);
-    }
-    if (began > 0 && lease_now_ms(s) - began >= s->stall_ms) {
-        stall_seen(s, lease_now_ms(s));
-    }
+    (void)settle_after_purge(s); /* best effort: the retry says what fits */
     /* Earlier ops may commit here, so the call itself succeeds and reports
      * them; an op that still does not fit is reported as not applied, and
      * after a hard error so is every later op (that error would repeat;
@@ -2622,6 +2617,51 @@ static int load_merged(struct lmdb_store *s, const struct read_pair *p,
     return STORE_OK;
 }
 
+/* Begins the reads of key and loads it (get, view): R alone when R has
+ * what an acquire goes by (a COMPLETE within its TTL, a live hold: a
+ * replay's lookup, one read transaction); otherwise F's snapshot, then R's
+ * again, begun after it (load_merged: a complete that deleted its F entry
+ * before F's snapshot is in that R snapshot). The caller ends p. */
+static int read_key(struct lmdb_store *s, const uint8_t key[STORE_KEY_BYTES], struct read_pair *p,
+                    struct store_record_view *v, bool *found)
+{
+    enum rec_table where = REC_NONE;
+    int rc;
+
+    p->rtxn = NULL;
+    p->ftxn = NULL;
+    *found = false;
+    rc = read_begin(s, &p->rtxn);
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    rc = record_load(s, p->rtxn, key, v, found, &where, false);
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    if (*found && (v->state == STORE_STATE_COMPLETE ? v->expires_ms > now_ms(s)
+                                                    : v->lease_expires_ms > lease_now_ms(s))) {
+        return STORE_OK;
+    }
+    if (s->fl == NULL) {
+        /* A COMPLETE past its TTL is absent even before a purge. */
+        *found = *found && v->state != STORE_STATE_COMPLETE;
+        return STORE_OK;
+    }
+    rc = read_begin(s->fl, &p->ftxn);
+    if (rc != STORE_OK) {
+        return rc;
+    }
+    mdb_txn_reset(p->rtxn);
+    rc = map_err(LMDB_CALL(mdb_txn_renew(p->rtxn)));
+    if (rc != STORE_OK) {
+        mdb_txn_abort(p->rtxn);
+        p->rtxn = NULL;
+        return rc;
+    }
+    return load_merged(s, p, key, v, found);
+}
+
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)
 {
     struct lmdb_store *s = impl;
@@ -2631,16 +2671,11 @@ static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store
     int rc;
 
     memset(out, 0, sizeof(*out));
-    rc = read_pair_begin(s, &p);
-    if (rc != STORE_OK) {
-        goto out;
-    }
-    rc = load_merged(s, &p, key, &v, &found);
+    rc = read_key(s, key, &p, &v, &found);
     if (rc == STORE_OK && found) {
         rc = store_record_copy(&v, out); /* the value dies with the txn */
     }
     read_pair_end(s, &p);
-out:
     return rc;
 }
 
@@ -2654,11 +2689,7 @@ static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_
     int rc;
 
     memset(&rec, 0, sizeof(rec));
-    rc = read_pair_begin(s, &p);
-    if (rc != STORE_OK) {
-        goto out;
-    }
-    rc = load_merged(s, &p, key, &v, &found);
+    rc = read_key(s, key, &p, &v, &found);
     /* The spans borrow from the map, valid until read_pair_end(). */
     if (rc == STORE_OK && found) {
         rec.state = v.state;
@@ -2678,7 +2709,6 @@ static int lmdb_view(void *impl, const uint8_t key[STORE_KEY_BYTES], store_view_
         fn(&rec, ctx);
     }
     read_pair_end(s, &p);
-out:
     return rc;
 }
 
@@ -2790,7 +2820,8 @@ static int index_steps(struct lmdb_store *s, MDB_txn *txn, int64_t now, size_t m
             }
             (*deleted)++;
         } else {
-            /* IN_PROGRESS past its TTL under a live lease: a long action is
+            /* IN_PROGRESS past its TTL under a live lease (or one whose
+             * complete is in this batch of R's, purge_spared): a long action is
              * never purged out from under itself (seed 000). Its expiry
              * moves to the lease's, so that the index entry comes due again
              * then and the invariant (entry time == expires_ms) holds; for
@@ -3148,6 +3179,14 @@ static int lmdb_purge(void *impl, size_t max_records, size_t *purged, bool *more
         rc = purge_env(s->fl, max_records - *purged, &got, &fmore);
         *purged += got;
         *more = *more || fmore;
+    }
+    if (rc == STORE_OK && s->fl != NULL && *purged > 0 && !*more) {
+        /* The purge is over: one small commit of R's makes the pages its
+         * last commit freed reusable at once (settle_after_purge). Layout
+         * 4's acquires, in F's writer, never purge or settle R themselves,
+         * and in a store that was full they claim room in R from pages
+         * the next R transaction may reuse. */
+        (void)settle_after_purge(s);
     }
     return rc;
 }
@@ -3654,7 +3693,12 @@ static int inflight_dir_usable(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "store: path too long: %s", path);
         return STORE_EINVAL;
     }
-    if (lstat(dir, &sb) != 0) {
+    if (stat(dir, &sb) != 0) {
+        if (lstat(dir, &sb) == 0) {
+            snprintf(err, errlen, "store: %s is a symbolic link to a path that does not exist",
+                     dir);
+            return STORE_EINVAL;
+        }
         return STORE_OK; /* made at start, in the store directory checked above */
     }
     if (!S_ISDIR(sb.st_mode)) {
