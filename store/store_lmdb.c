@@ -1522,6 +1522,9 @@ static int do_settle(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     }
     if (rc == STORE_OK) {
         if (op->kind == STORE_OP_COMPLETE) {
+            /* Only answers that fit: one that never can (larger than the
+             * map or the file system allows) must not make every new key
+             * wait for room that will never come. */
             answer_learn(s, value_pages(s, size));
         } else {
             res->lease_expires_ms = next.lease_expires_ms;
@@ -1535,7 +1538,8 @@ out:
 /* Complete, release and extend: each needs the record IN_PROGRESS under the
  * caller's lease, which is what fences a stale owner out after a steal
  * (seed 000, "Fencing"). A lease that expired but was not stolen still
- * matches: nobody else has been given the record. */
+ * matches: nobody else has been given the record. Completes and holds go
+ * to R's writer (do_settle); releases and extends to F's, here. */
 static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64_t now,
                      const struct store_op *op, struct op_result *res)
 {
@@ -1543,12 +1547,16 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     struct store_record_view next;
     enum rec_table where = REC_NONE;
     bool found = false;
-    size_t size = 0;
     int rc;
 
     if (s->fl != NULL) {
         return do_settle(s, txn, sp, now, op, res);
     }
+    if (op->kind != STORE_OP_RELEASE && !(op->kind == STORE_OP_EXTEND && !op->hold)) {
+        return STORE_EINVAL; /* never: lmdb_apply_purge sorts the ops */
+    }
+    (void)sp;
+    (void)now;
     rc = record_load(s, txn, op->key, &cur, &found, &where, true);
     if (rc != STORE_OK) {
         goto out;
@@ -1569,35 +1577,6 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
     memcpy(next.raw_fingerprint, cur.raw_fingerprint, STORE_FINGERPRINT_BYTES);
 
     switch (op->kind) {
-    case STORE_OP_COMPLETE:
-        /* TTL counts from completion (CONTRACT.md section 2). */
-        next.state = STORE_STATE_COMPLETE;
-        next.expires_ms = add_ms(now, op->ttl_ms);
-        next.status = op->status;
-        next.headers = op->headers.ptr;
-        next.headers_len = op->headers.len;
-        next.body = op->body.ptr;
-        next.body_len = op->body.len;
-        rc = store_record_size(&next, &size);
-        if (rc == STORE_OK) {
-            rc = space_claim(s, sp, value_pages(s, size) + RECORD_PAGES, s->reserve_pages);
-        }
-        if (rc == STORE_OK) {
-            rc = index_del(s, txn, cur.expires_ms, op->key);
-        }
-        if (rc == STORE_OK) {
-            rc = record_put(s, txn, op->key, &next, where);
-        }
-        if (rc == STORE_OK) {
-            rc = index_put(s, txn, next.expires_ms, op->key);
-        }
-        if (rc == STORE_OK) {
-            /* Only answers that fit: one that never can (larger than the
-             * map or the file system allows) must not make every new key
-             * wait for room that will never come. */
-            answer_learn(s, value_pages(s, size));
-        }
-        break;
     case STORE_OP_RELEASE:
         /* No failed state: the row goes, and the key is as if never used. */
         rc = index_del(s, txn, cur.expires_ms, op->key);
@@ -1607,9 +1586,6 @@ static int do_leased(struct lmdb_store *s, MDB_txn *txn, struct space *sp, int64
         break;
     default: /* STORE_OP_EXTEND; the index follows expires_ms, not the lease */
         next.lease_expires_ms = add_ms(s->lease_now, op->lease_ms);
-        if (op->hold) {
-            memset(next.lease_id, 0, STORE_LEASE_ID_BYTES);
-        }
         rc = record_put(s, txn, op->key, &next, where);
         res->lease_expires_ms = next.lease_expires_ms;
         break;
