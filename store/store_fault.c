@@ -79,3 +79,18 @@ void store_fault_lmdb_failed(const char **func, const char **call)
     *func = atomic_load(&failed_func);
     *call = atomic_load(&failed_call);
 }
+
+static store_fault_hook_fn hook_fn;
+static void *hook_ctx;
+
+void store_fault_set_hook(store_fault_hook_fn fn, void *ctx)
+{
+    hook_ctx = ctx;
+    hook_fn = fn;
+}
+
+void store_fault_point(const char *point)
+{
+    if (hook_fn != NULL)
+        hook_fn(point, hook_ctx);
+}

@@ -50,6 +50,19 @@ uint64_t store_fault_lmdb_write_calls(void);
  * NULL while none was. Static strings. */
 void store_fault_lmdb_failed(const char **func, const char **call);
 
+/* A test's hook at a named point of the store (unit tests only: they step
+ * another thread through the point's window). store_lmdb.c calls
+ * store_fault_point() there; with a hook set it calls fn(point, ctx) on the
+ * store's thread, holding whatever the store holds at that point. Points:
+ *   "inflight-batch-records-snapshot"  F's writer (layout 4) has F's writer
+ *       lock, has taken the queued deletes of completed entries, and has
+ *       just begun its read of R; no op of the batch has run yet.
+ * NULL fn removes the hook. Not thread-safe against store calls running
+ * while it is set or removed. */
+typedef void (*store_fault_hook_fn)(const char *point, void *ctx);
+void store_fault_set_hook(store_fault_hook_fn fn, void *ctx);
+void store_fault_point(const char *point);
+
 #endif
 
 #endif

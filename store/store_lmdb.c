@@ -145,6 +145,11 @@
 #define LMDB_WRITE(call) (call)
 #define LMDB_COMMIT(txn) mdb_txn_commit(txn)
 #endif
+#ifdef IDEM_FAULT_INJECTION
+#define FAULT_POINT(name) store_fault_point(name)
+#else
+#define FAULT_POINT(name) ((void)0)
+#endif
 
 struct lmdb_store {
     MDB_env *env;
@@ -2054,6 +2059,7 @@ again:
             if (rc != STORE_OK) {
                 goto out;
             }
+            FAULT_POINT("inflight-batch-records-snapshot");
         }
     }
     s->peer_txn = peer;

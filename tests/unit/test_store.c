@@ -2240,6 +2240,80 @@ static void test_purge_share_spares_the_batch_completes(void **state)
     assert_int_equal(records_in(f->st), 1);
 }
 
+#ifdef IDEM_FAULT_INJECTION
+struct snapshot_race {
+    struct store *st;
+    uint8_t lease_id[STORE_LEASE_ID_BYTES];
+    bool armed;
+    enum store_outcome completed;
+};
+
+static void *race_complete(void *p)
+{
+    struct snapshot_race *r = p;
+    uint8_t key[STORE_KEY_BYTES];
+    struct store_span h = {"h: v\r\n", 6};
+    struct store_span b = {"once", 4};
+
+    /* No cmocka asserts off the test's thread: the result says it. */
+    key_of("k", key);
+    if (store_complete(r->st, key, r->lease_id, 60000, 201, h, b, &r->completed) != 0) {
+        r->completed = STORE_FULL; /* any outcome the test refuses */
+    }
+    return NULL;
+}
+
+/* At the point, once: a complete of the key runs to its end (R's durable
+ * commit, its entry's delete queued) on another thread. */
+static void complete_in_the_window(const char *point, void *ctx)
+{
+    struct snapshot_race *r = ctx;
+    pthread_t t;
+
+    if (!r->armed || strcmp(point, "inflight-batch-records-snapshot") != 0) {
+        return;
+    }
+    r->armed = false;
+    if (pthread_create(&t, NULL, race_complete, r) == 0) {
+        pthread_join(t, NULL);
+    }
+}
+
+/* Layout 4: F's writer applies the deletes queued by completes before it
+ * begins its read of R. A complete that commits once that read has begun is
+ * not in it, and its delete must wait for the next batch: an acquire of
+ * the key in this one then finds the entry (BUSY). Taking the delete after
+ * the read began would leave that acquire neither the entry nor the
+ * COMPLETE, and it would run the key a second time. */
+static void test_complete_during_an_inflight_batch(void **state)
+{
+    struct fixture *f = *state;
+    struct snapshot_race race;
+    struct store_op a;
+    struct store_op b;
+    enum store_outcome raced;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    memset(&race, 0, sizeof(race));
+    race.st = f->st;
+    memcpy(race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    race.armed = true;
+    store_fault_set_hook(complete_in_the_window, &race);
+    raced = acquire(f->st, "k", 'a', 1000, 60000, &b);
+    store_fault_set_hook(NULL, NULL);
+    assert_false(race.armed); /* the batch went through the window */
+    assert_int_equal(race.completed, STORE_DONE);
+    assert_int_equal(raced, STORE_BUSY);
+    store_record_clear(&b.replay);
+
+    /* The next batch takes the delete, with a read of R that has the
+     * COMPLETE: a replay, and the key is in R alone. */
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
+    store_record_clear(&b.replay);
+    assert_int_equal(closed_tables_holding(f, "k"), IN_RECORDS);
+}
+#endif
+
 struct steal_arg {
     struct store *st;
     struct store_op op;
@@ -4373,6 +4447,9 @@ int main(void)
         STORE_TEST(test_entry_left_in_flight_after_a_complete),
         STORE_TEST(test_steal_waits_for_the_records_lock),
         STORE_TEST(test_purge_share_spares_the_batch_completes),
+#ifdef IDEM_FAULT_INJECTION
+        STORE_TEST(test_complete_during_an_inflight_batch),
+#endif
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
         STORE_TEST(test_leases_end_with_the_boot),
