@@ -5,7 +5,10 @@
  * and between (and inside) request batches; live records stay; the writer's
  * `purged` count is exact; every job is delivered. A record that does not
  * decode fails only the op that touched it, not the batch it came in. A
- * bounded stop returns at its deadline from a writer held in a batch.
+ * bounded stop returns at its deadline from a writer held in a batch. An
+ * acquire that finds the store full (in the in-flight lane, which does not
+ * purge) has the records' lane purge at once, not at its next
+ * purge_interval, so that a later acquire fits.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +35,8 @@
 #define EXPIRED 20000 /* five times what the old 8 x 512 per interval could purge */
 #define LIVE 50
 #define INTERVAL_MS 1000
+#define TINY_MAP (1u << 20)
+#define HOUR_MS 3600000
 
 struct fake_clock {
     _Atomic int64_t now;
@@ -59,6 +64,7 @@ struct fixture {
     bool gate_armed;
     bool gate_closed;
     bool in_gate;
+    uint64_t full_records; /* setup_full_of_expired: the records it made */
 };
 
 static int64_t mono_ms(void)
@@ -141,7 +147,9 @@ static uint64_t records_in(struct store *st)
     return stats.records;
 }
 
-static int setup(void **state)
+/* A fixture with an empty store of map_size_bytes (0: the default), the
+ * fake clock at T0. */
+static int setup_store(void **state, uint64_t map_size_bytes)
 {
     struct fixture *f = calloc(1, sizeof(*f));
     struct store_options opt;
@@ -162,6 +170,7 @@ static int setup(void **state)
     f->store_clock.ctx = &f->clock;
     memset(&opt, 0, sizeof(opt));
     opt.path = f->path;
+    opt.map_size_bytes = map_size_bytes;
     opt.sync = false;
     opt.clock = &f->store_clock;
     rc = store_open(NULL, &opt, &f->st, err, sizeof(err));
@@ -173,13 +182,88 @@ static int setup(void **state)
     }
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    /* A backlog: EXPIRED records past their TTL, LIVE ones for a day. */
-    fill(f->st, "old", EXPIRED, 1000);
-    fill(f->st, "live", LIVE, 86400000);
-    atomic_store(&f->clock.now, T0 + 2000);
     *state = f;
 out:
     return rc;
+}
+
+static int setup(void **state)
+{
+    struct fixture *f;
+    int rc = setup_store(state, 0);
+
+    if (rc == 0) {
+        f = *state;
+        /* A backlog: EXPIRED records past their TTL, LIVE ones for a day. */
+        fill(f->st, "old", EXPIRED, 1000);
+        fill(f->st, "live", LIVE, 86400000);
+        atomic_store(&f->clock.now, T0 + 2000);
+    }
+    return rc;
+}
+
+/* A store of TINY_MAP filled with answers that expire 1 s after T0 (their
+ * leases too), acquires then their completes, until a new key no longer
+ * fits even with no other key in flight (an acquire keeps room for the
+ * answers of every key in flight: batches of them are refused earlier,
+ * so the last keys go one at a time); the fake clock then past them all.
+ * Nothing is purged: the store refuses a new key until a purge of the
+ * records' environment. */
+static int setup_full_of_expired(void **state)
+{
+    enum { BATCH = 64, MAX_KEYS = 100000 };
+    static const char body[512];
+    struct fixture *f;
+    struct store_op ops[BATCH];
+    size_t keys = 0;
+    size_t batch = BATCH;
+    bool full = false;
+    int rc = setup_store(state, TINY_MAP);
+
+    if (rc != 0) {
+        return rc;
+    }
+    f = *state;
+    while (!full) {
+        size_t k = 0;
+        bool refused = false;
+        assert_true(keys < MAX_KEYS);
+        for (size_t i = 0; i < batch; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "old%zu", keys + i);
+            prep_acquire(&ops[i], name, 1000);
+        }
+        assert_int_equal(store_apply(f->st, ops, batch), 0);
+        for (size_t i = 0; i < batch; i++) {
+            if (ops[i].outcome == STORE_FULL) {
+                refused = true;
+                continue;
+            }
+            assert_int_equal(ops[i].outcome, STORE_ACQUIRED);
+            ops[k] = ops[i];
+            ops[k].kind = STORE_OP_COMPLETE;
+            ops[k].status = 200;
+            ops[k].body.ptr = body;
+            ops[k].body.len = sizeof(body);
+            k++;
+        }
+        if (k > 0) {
+            /* The acquires left room for their answers. */
+            assert_int_equal(store_apply(f->st, ops, k), 0);
+            for (size_t i = 0; i < k; i++) {
+                assert_int_equal(ops[i].outcome, STORE_DONE);
+            }
+        }
+        keys += batch;
+        full = refused && batch == 1;
+        if (refused) {
+            batch = 1;
+        }
+    }
+    f->full_records = records_in(f->st);
+    assert_true(f->full_records > 100);
+    atomic_store(&f->clock.now, T0 + 2000);
+    return 0;
 }
 
 static int teardown(void **state)
@@ -215,7 +299,7 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
     pthread_mutex_unlock(&f->lock);
 }
 
-static struct writer *start(struct fixture *f)
+static struct writer *start_every(struct fixture *f, int64_t purge_interval_ms)
 {
     struct writer *w = NULL;
     struct writer_options opt;
@@ -224,9 +308,30 @@ static struct writer *start(struct fixture *f)
     opt.store = f->st;
     opt.deliver = deliver;
     opt.ctx = f;
-    opt.purge_interval_ms = INTERVAL_MS;
+    opt.purge_interval_ms = purge_interval_ms;
     assert_int_equal(writer_start(&opt, &w), 0);
     return w;
+}
+
+static struct writer *start(struct fixture *f)
+{
+    return start_every(f, INTERVAL_MS);
+}
+
+/* Submits job and waits until the writer has delivered it. */
+static void submit_and_wait(struct fixture *f, struct writer *w, struct writer_job *job)
+{
+    size_t want;
+
+    pthread_mutex_lock(&f->lock);
+    want = f->delivered + 1;
+    pthread_mutex_unlock(&f->lock);
+    writer_submit(w, job);
+    pthread_mutex_lock(&f->lock);
+    while (f->delivered < want) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
 }
 
 /* Submits gate (an acquire) and returns once the writer is waiting in its
@@ -455,6 +560,37 @@ static void test_stop_by_gives_up_on_a_held_writer(void **state)
     assert_int_equal(f->acquired, 2);
 }
 
+/* A store full of expired answers, a purge_interval an hour away: an
+ * acquire, in the in-flight lane, gets STORE_FULL (that lane never purges,
+ * store_lmdb.c apply_after_full), and the records' lane, asked by it
+ * (purge_full_asked), purges at once; the interval purge cannot be what
+ * frees the room. A later acquire then fits. */
+static void test_full_store_is_purged_at_once_for_the_in_flight_lane(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_job first;
+    struct writer_job again;
+    struct writer *w = start_every(f, HOUR_MS);
+    uint64_t purged;
+
+    memset(&first, 0, sizeof(first));
+    prep_acquire(&first.op, "new", 86400000);
+    submit_and_wait(f, w, &first);
+    assert_int_equal(first.error, 0);
+    assert_int_equal(first.op.outcome, STORE_FULL);
+
+    purged = wait_purged(w, 1, mono_ms() + 3000);
+    assert_true(purged > 0);
+
+    memset(&again, 0, sizeof(again));
+    prep_acquire(&again.op, "new", 86400000);
+    submit_and_wait(f, w, &again);
+    writer_stop(w);
+    assert_int_equal(again.error, 0);
+    assert_int_equal(again.op.outcome, STORE_ACQUIRED);
+    assert_true(records_in(f->st) < f->full_records);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,11 +598,12 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backlog_drains_between_request_batches, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_damaged_record_fails_only_its_own_op, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_record_fails_only_its_own_op, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_backlog_delivers_queued_jobs, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stop_by_gives_up_on_a_held_writer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_store_is_purged_at_once_for_the_in_flight_lane,
+                                        setup_full_of_expired, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
