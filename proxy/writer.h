@@ -1,12 +1,16 @@
 /*
- * writer.h - the store's single writer thread: group commit.
+ * writer.h - the store's writer threads: group commit.
  *
- * Every store write of the process goes through one thread that takes all
- * the jobs queued since its last transaction and applies them in ONE write
- * transaction (store_apply), so durability "sync" costs one fsync per batch
- * rather than one per request: while a batch syncs, the next one queues.
- * The same thread purges expired records: every purge_interval (and at once
- * when the store reports full) purge work becomes due, and while the store
+ * Every store write of the process goes through one of two threads
+ * ("lanes"), one per environment of the store (layout 4, store.h): the
+ * in-flight lane ("idem-inflight": acquires, releases, heartbeats; never
+ * flushed) and the records lane ("idem-writer": completes, holds, forgets,
+ * purges; durable as configured). Each takes all the jobs queued since its
+ * last transaction and applies them in ONE write transaction (store_apply),
+ * so durability "sync" costs one fsync per batch rather than one per
+ * request: while a batch syncs, the next one queues. The records lane also
+ * purges expired records: every purge_interval (and at once when the store
+ * reports full, to either lane) purge work becomes due, and while the store
  * says more is due, each batch's transaction carries a share of it
  * (store_apply_purge) and an empty queue is used for a purge chunk of its
  * own; both sizes follow a time budget (writer.c), so a backlog drains
@@ -15,7 +19,8 @@
  * slots and, with durability "interval", syncs every sync_interval.
  *
  * Threads: writer_submit() is thread-safe and never blocks on I/O. The
- * deliver callback runs on the writer thread, once per batch, after commit.
+ * deliver callback runs on a lane's thread, once per batch, after commit:
+ * it may be called from both lanes at once.
  */
 #ifndef IDEM_WRITER_H
 #define IDEM_WRITER_H
