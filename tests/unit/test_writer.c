@@ -8,7 +8,8 @@
  * bounded stop returns at its deadline from a writer held in a batch. An
  * acquire that finds the store full (in the in-flight lane, which does not
  * purge) has the records' lane purge at once, not at its next
- * purge_interval, so that a later acquire fits.
+ * purge_interval, so that a later acquire fits. A request batch purges at
+ * least as many records as it has ops, whatever its time says.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,6 +66,12 @@ struct fixture {
     bool gate_closed;
     bool in_gate;
     uint64_t full_records; /* setup_full_of_expired: the records it made */
+    /* With stats_of set, each delivery of one job or of big_n jobs notes
+     * the writer's purged count after it. */
+    struct writer *stats_of;
+    size_t big_n;
+    uint64_t purged_after_one;
+    uint64_t purged_after_big;
 };
 
 static int64_t mono_ms(void)
@@ -289,6 +296,11 @@ static void deliver(struct writer_job **jobs, size_t n, void *ctx)
             pthread_cond_wait(&f->cond, &f->lock);
         }
     }
+    if (f->stats_of != NULL && (n == 1 || n == f->big_n)) {
+        struct writer_stats ws;
+        writer_get_stats(f->stats_of, &ws);
+        *(n == 1 ? &f->purged_after_one : &f->purged_after_big) = ws.purged;
+    }
     for (size_t i = 0; i < n; i++) {
         f->delivered++;
         if (jobs[i]->error == 0 && jobs[i]->op.outcome == STORE_ACQUIRED) {
@@ -334,21 +346,29 @@ static void submit_and_wait(struct fixture *f, struct writer *w, struct writer_j
     pthread_mutex_unlock(&f->lock);
 }
 
-/* Submits gate (an acquire) and returns once the writer is waiting in its
- * delivery, the gate closed: jobs submitted now queue behind it. */
-static void hold_writer_in_gate(struct fixture *f, struct writer *w, struct writer_job *gate)
+/* Submits gate, its op ready, and returns once its lane (the in-flight
+ * one for an acquire, the records' for a complete) is waiting in the
+ * delivery, the gate closed: jobs for that lane submitted now queue
+ * behind it. */
+static void hold_lane_in_gate(struct fixture *f, struct writer *w, struct writer_job *gate)
 {
     pthread_mutex_lock(&f->lock);
     f->gate_armed = true;
     f->gate_closed = true;
     pthread_mutex_unlock(&f->lock);
-    prep_acquire(&gate->op, "gate", 86400000);
     writer_submit(w, gate);
     pthread_mutex_lock(&f->lock);
     while (!f->in_gate) {
         pthread_cond_wait(&f->cond, &f->lock);
     }
     pthread_mutex_unlock(&f->lock);
+}
+
+/* hold_lane_in_gate with an acquire: the in-flight lane. */
+static void hold_writer_in_gate(struct fixture *f, struct writer *w, struct writer_job *gate)
+{
+    prep_acquire(&gate->op, "gate", 86400000);
+    hold_lane_in_gate(f, w, gate);
 }
 
 /* Waits until the writer has purged want records or the deadline passes. */
@@ -526,6 +546,66 @@ static void test_damaged_record_fails_only_its_own_op(void **state)
     }
 }
 
+/* A busy records lane is never idle, and its batches' durable commits may
+ * take its whole time budget, which keeps the time-sized purge share at
+ * its minimum: a batch still purges at least as many records as it has
+ * ops, so that purging keeps pace with the records the batches write
+ * instead of letting the store fill. Here a batch of 100 completes, the
+ * first with purge work due, purges at least 100 of the backlog (the time
+ * rule alone starts the share at 32). */
+static void test_batch_purges_at_least_its_own_ops(void **state)
+{
+    enum { JOBS = 100 };
+    struct fixture *f = *state;
+    struct store_op *acq = calloc(JOBS + 1, sizeof(*acq));
+    struct writer_job *jobs = calloc(JOBS + 1, sizeof(*jobs));
+    struct writer *w;
+
+    assert_non_null(acq);
+    assert_non_null(jobs);
+    for (size_t i = 0; i <= JOBS; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "busy%zu", i);
+        prep_acquire(&acq[i], name, 86400000);
+    }
+    assert_int_equal(store_apply(f->st, acq, JOBS + 1), 0);
+    for (size_t i = 0; i <= JOBS; i++) {
+        assert_int_equal(acq[i].outcome, STORE_ACQUIRED);
+        jobs[i].op = acq[i];
+        jobs[i].op.kind = STORE_OP_COMPLETE;
+        jobs[i].op.status = 201;
+        jobs[i].op.body.ptr = "ok";
+        jobs[i].op.body.len = 2;
+    }
+    w = start_every(f, 50);
+    pthread_mutex_lock(&f->lock);
+    f->stats_of = w;
+    f->big_n = JOBS;
+    pthread_mutex_unlock(&f->lock);
+    /* The records lane waits in the delivery of one complete while the
+     * others queue and the purge interval passes. */
+    hold_lane_in_gate(f, w, &jobs[JOBS]);
+    for (size_t i = 0; i < JOBS; i++) {
+        writer_submit(w, &jobs[i]);
+    }
+    usleep(150000);
+    pthread_mutex_lock(&f->lock);
+    f->gate_closed = false;
+    pthread_cond_broadcast(&f->cond);
+    while (f->delivered < JOBS + 1) {
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    writer_stop(w);
+    for (size_t i = 0; i <= JOBS; i++) {
+        assert_int_equal(jobs[i].error, 0);
+        assert_int_equal(jobs[i].op.outcome, STORE_DONE);
+    }
+    assert_true(f->purged_after_big - f->purged_after_one >= JOBS);
+    free(jobs);
+    free(acq);
+}
+
 /* writer_stop_by() with the writer held inside a batch (as by a commit
  * waiting for a stalled disk): it returns -1 at its deadline, not when the
  * batch ends, and leaves the writer running; once the batch ends, a later
@@ -598,6 +678,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backlog_drains_between_request_batches, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_batch_purges_at_least_its_own_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_record_fails_only_its_own_op, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_backlog_delivers_queued_jobs, setup,
                                         teardown),
