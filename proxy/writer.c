@@ -1,5 +1,5 @@
 /*
- * writer.c - group commit of store writes on one thread (see writer.h).
+ * writer.c - group commit of store writes, one thread per lane (see writer.h).
  */
 /* pthread_setname_np is a GNU extension. */
 #define _GNU_SOURCE 1
@@ -30,15 +30,18 @@
  * record costs depends on the store: mostly one 4 KiB leaf page written at
  * commit, ~18 us of writer time with durability "sync" on a store of
  * 1,000,000 records, ~3 us without the fsync (docs/benchmarks.md, Purge).
- * A share is never less than its batch's op count, though: a busy lane is
- * never idle, and when its batch's own durable commit takes the whole
- * budget the time rule pins the share at its minimum, where purging fell
- * behind the records the batches write (3,600 a second against 12,000
- * under `unique`) and the store would fill.
+ * A share is never less than its batch's op count (up to
+ * PURGE_FLOOR_MAX), though: a busy lane is never idle, and when its
+ * batch's own durable commit takes the whole budget the time rule pins
+ * the share at its minimum, where purging fell behind the records the
+ * batches write (3,600 a second against 12,000 under `unique`) and the
+ * store would fill. A batch then waits for about as much purging as its
+ * own writes.
  * After STORE_FULL the writer purges PURGE_FULL_BATCH x PURGE_FULL_ROUNDS
  * records at once, as the store needs room right away.
  */
 #define PURGE_BATCH_BUDGET_US 3000
+#define PURGE_FLOOR_MAX 256
 #define PURGE_IDLE_BUDGET_US 2000
 #define PURGE_CHUNK_MIN 8
 #define PURGE_CHUNK_MAX 1024
@@ -49,16 +52,19 @@
  * The in-flight lane commits without a flush, so it commits as soon as it
  * has a job: under `unique` 2,900 commits a second of 4-5 acquires each,
  * every one rewriting the same few pages of a small tree. Under load (its
- * last batch had two jobs or more and committed less than LINGER_BUSY_US
- * ago) it waits up to LINGER_US for LINGER_JOBS jobs before it commits:
- * there, a third of the commits, twice the records per commit, a little
- * less of the lane's CPU, and no change in throughput or latency that the
- * benchmark can tell from its noise (docs/benchmarks.md, "The in-flight
- * lane waits for company"). A lone request never waits: its batch is one
- * job. The records lane never lingers: its commits wait for a flush,
+ * last batch had LINGER_AFTER_JOBS jobs or more and ended less than
+ * LINGER_BUSY_US ago) it waits up to LINGER_US (plus the timer's slack)
+ * for LINGER_JOBS jobs before it commits: there, a third of the commits,
+ * twice the records per commit, a little less of the lane's CPU, and no
+ * change in throughput or latency that the benchmark can tell from its
+ * noise (docs/benchmarks.md, "The in-flight lane waits for company").
+ * A few clients at a time, whose batches are one to three jobs, never make
+ * it wait (they could not fill a batch in time anyway). The records lane
+ * never lingers: with durability "sync" its commits wait for a flush,
  * during which the next batch gathers anyway.
  */
 #define LINGER_JOBS 16
+#define LINGER_AFTER_JOBS 4
 #define LINGER_US 150
 #define LINGER_BUSY_US 2000
 /* A failing store is said on stderr at once, then at most this often while
@@ -100,7 +106,8 @@ struct lane {
     struct writer_job *head; /* FIFO under lock */
     struct writer_job *tail;
     size_t queued;  /* jobs in the FIFO */
-    bool lingering; /* waiting for more jobs to join a commit: wake it at LINGER_JOBS only */
+    bool lingering; /* waiting for more jobs to join a commit: wake it at linger_jobs only */
+    size_t linger_jobs; /* LINGER_JOBS, or max_batch if smaller */
     bool stopping;
     bool purge_now;
     /* The records' lane: the other lane's acquires found the store full,
@@ -377,13 +384,13 @@ static void apply_batch(struct lane *w, struct writer_job *list)
         w->ops[i] = w->jobs[i]->op;
     }
     /* While purge work is due, a bounded share of it rides along in this
-     * transaction; it never changes what the ops get (store.h). */
-    /* At least as many as the batch has ops: while expired records are
-     * due, purging keeps pace with the records the batches write, even
-     * when the batch's own durable commit takes the whole time budget
-     * (a busy lane is never idle, and the time rule alone would leave the
-     * share at its minimum while the store fills). */
-    share = w->batch_share > n ? w->batch_share : n;
+     * transaction; it never changes what the ops get (store.h). It is at
+     * least the batch's op count (up to PURGE_FLOOR_MAX): purging keeps
+     * pace with the records the batches write, even when the batch's own
+     * durable commit takes the whole time budget (see the top). */
+    share = n < PURGE_FLOOR_MAX ? n : PURGE_FLOOR_MAX;
+    if (w->batch_share > share)
+        share = w->batch_share;
     start_us = mono_us();
     rc = store_apply_purge(w->opt.store, w->ops, n, w->purge_due ? share : 0, &purged, &more);
     if (rc != 0)
@@ -457,14 +464,14 @@ static void apply_batch(struct lane *w, struct writer_job *list)
 }
 
 /* The in-flight lane, under load, holds a commit back for at most
- * LINGER_US until LINGER_JOBS jobs are queued (see LINGER_JOBS). Called
- * and returns with w->lock held; submitters wake it only at LINGER_JOBS. */
+ * LINGER_US until jobs are queued (see LINGER_JOBS). Called and returns
+ * with w->lock held; submitters wake it only at LINGER_JOBS. */
 static void linger(struct lane *w)
 {
     int64_t until = mono_us() + LINGER_US;
 
     w->lingering = true;
-    while (w->queued < LINGER_JOBS && !w->stopping) {
+    while (w->queued < w->linger_jobs && !w->stopping) {
         int64_t left = until - mono_us();
         struct timespec ts;
         if (left <= 0)
@@ -486,7 +493,7 @@ static void *writer_main(void *arg)
                             ? idem_mono_ms() + w->opt.sync_interval_ms
                             : 0;
     int64_t next_reader_check = w->records ? idem_mono_ms() + READER_CHECK_EVERY_MS : never;
-    int64_t last_commit_us = INT64_MIN / 2;
+    int64_t last_batch_end_us = INT64_MIN / 2; /* its commit and delivery */
     size_t last_batch = 0;
 
     pthread_setname_np(pthread_self(), w->name);
@@ -517,8 +524,8 @@ static void *writer_main(void *arg)
             if (idem_mono_ms() >= wake)
                 break;
         }
-        if (!w->records && w->head != NULL && w->queued < LINGER_JOBS && !w->stopping &&
-            last_batch >= 2 && mono_us() - last_commit_us < LINGER_BUSY_US)
+        if (!w->records && w->head != NULL && w->queued < w->linger_jobs && !w->stopping &&
+            last_batch >= LINGER_AFTER_JOBS && mono_us() - last_batch_end_us < LINGER_BUSY_US)
             linger(w);
         /* Take at most max_batch jobs; the rest stay queued for the next
          * transaction so one burst cannot grow a transaction unboundedly. */
@@ -554,7 +561,7 @@ static void *writer_main(void *arg)
             purge_full(w);
         if (list != NULL) {
             apply_batch(w, list);
-            last_commit_us = mono_us();
+            last_batch_end_us = mono_us();
         } else if (w->purge_due && !stop)
             purge_idle(w);
         now = idem_mono_ms();
@@ -607,6 +614,7 @@ static int lane_start(struct writer *w, size_t i)
     l->name = l->records ? "idem-writer" : "idem-inflight";
     l->opt = w->opt;
     l->batch_share = 32;
+    l->linger_jobs = w->opt.max_batch < LINGER_JOBS ? w->opt.max_batch : LINGER_JOBS;
     l->idle_chunk = 32;
     l->jobs = calloc(w->opt.max_batch, sizeof(*l->jobs));
     l->ops = calloc(w->opt.max_batch, sizeof(*l->ops));
@@ -708,7 +716,7 @@ void writer_submit(struct writer *w, struct writer_job *job)
         l->head = job;
     l->tail = job;
     l->queued++;
-    if (!l->lingering || l->queued >= LINGER_JOBS)
+    if (!l->lingering || l->queued >= l->linger_jobs)
         pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
 }

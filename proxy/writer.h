@@ -5,8 +5,9 @@
  * ("lanes"), one per environment of the store (layout 4, store.h): the
  * in-flight lane ("idem-inflight": acquires, releases, heartbeats; never
  * flushed) and the records lane ("idem-writer": completes, holds, forgets,
- * purges; durable as configured). Each takes all the jobs queued since its
- * last transaction and applies them in ONE write transaction (store_apply),
+ * purges; durable as configured). Each takes the jobs queued since its
+ * last transaction (up to max_batch; under load the in-flight lane waits
+ * a moment for more, writer.c) and applies them in ONE write transaction (store_apply),
  * so durability "sync" costs one fsync per batch rather than one per
  * request: while a batch syncs, the next one queues. The records lane also
  * purges expired records: every purge_interval (and at once when the store
@@ -15,7 +16,8 @@
  * (store_apply_purge) and an empty queue is used for a purge chunk of its
  * own; both sizes follow a time budget (writer.c), so a backlog drains
  * without waiting an interval per chunk and a batch never waits behind
- * more than a few milliseconds of purging. It also clears stale reader
+ * more than a few milliseconds of purging, or about as much as its own
+ * writes (so purging keeps pace with them). It also clears stale reader
  * slots and, with durability "interval", syncs every sync_interval.
  *
  * Threads: writer_submit() is thread-safe and never blocks on I/O. The

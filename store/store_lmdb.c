@@ -100,6 +100,8 @@
 #define SWEEP_MIN_DUE 20000
 #define SWEEP_MIN_SHARE 8
 #define SWEEP_EXAMINE_PER_DELETE 8
+/* The most F entries a batch of R's writer purges (inflight_purge_share). */
+#define INFLIGHT_PURGE_SHARE_MAX 32
 /* Space rules, see space_claim(): a completion must leave the reserve free
  * (map/256, 16..256 pages) so that purge and release can always run, and an
  * acquire must leave the reserve plus headroom (map/64, 64 KiB..1 MiB, the
@@ -1905,6 +1907,7 @@ static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge
     struct lmdb_store *f = s->fl;
     MDB_txn *ftxn = NULL;
     size_t deleted = 0;
+    size_t budget;
     bool more = false;
     bool changed = false;
     int rc;
@@ -1916,7 +1919,13 @@ static void inflight_purge_share(struct lmdb_store *s, int64_t now, struct purge
     (void)res;
     f->spare_ops = ops;
     f->spare_n = n;
-    rc = purge_steps(f, ftxn, now, ps->max_records - ps->deleted, &deleted, &more, &changed);
+    /* Bounded on its own: F's writer lock, held meanwhile, is what every
+     * acquire and heartbeat of the in-flight lane waits for. */
+    budget = ps->max_records - ps->deleted;
+    if (budget > INFLIGHT_PURGE_SHARE_MAX) {
+        budget = INFLIGHT_PURGE_SHARE_MAX;
+    }
+    rc = purge_steps(f, ftxn, now, budget, &deleted, &more, &changed);
     f->spare_ops = NULL;
     f->spare_n = 0;
     if (rc == STORE_OK && changed && write_commit(f, ftxn) == 0) {

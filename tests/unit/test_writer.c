@@ -601,7 +601,10 @@ static void test_batch_purges_at_least_its_own_ops(void **state)
         assert_int_equal(jobs[i].error, 0);
         assert_int_equal(jobs[i].op.outcome, STORE_DONE);
     }
-    assert_true(f->purged_after_big - f->purged_after_one >= JOBS);
+    /* (Should the test's thread have been held up past the interval
+     * before the gate, idle purges may have taken most of the backlog.) */
+    assert_true(f->purged_after_big - f->purged_after_one >=
+                (EXPIRED - f->purged_after_one < JOBS ? EXPIRED - f->purged_after_one : JOBS));
     free(jobs);
     free(acq);
 }
