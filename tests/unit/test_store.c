@@ -2240,6 +2240,41 @@ static void test_purge_share_spares_the_batch_completes(void **state)
     assert_int_equal(records_in(f->st), 1);
 }
 
+/* Layout 4: a batch of R's writer whose purge share R does not use purges
+ * F's due entries with what is left, in F's transaction, holding F's
+ * writer lock, which every acquire and heartbeat of the in-flight lane
+ * waits for: at most 32 of them a batch, however large the share. */
+static void test_inflight_purge_share_is_capped(void **state)
+{
+    struct fixture *f = *state;
+    struct store_op a;
+    struct store_op c;
+    size_t purged = 0;
+    bool more = false;
+
+    for (int i = 0; i < 50; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "dead%d", i);
+        assert_int_equal(acquire(f->st, name, 'a', 1000, 500, &a), STORE_ACQUIRED);
+    }
+    assert_int_equal(acquire(f->st, "live", 'a', 60000, 60000, &a), STORE_ACQUIRED);
+    advance(f, 2000); /* the 50 holders are gone: their TTLs and leases over */
+    memset(&c, 0, sizeof(c));
+    c.kind = STORE_OP_COMPLETE;
+    key_of("live", c.key);
+    memcpy(c.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    c.ttl_ms = 60000;
+    c.status = 200;
+    c.body.ptr = "ok";
+    c.body.len = 2;
+    assert_int_equal(store_apply_purge(f->st, &c, 1, 100, &purged, &more), 0);
+    assert_int_equal(c.outcome, STORE_DONE);
+    assert_int_equal(purged, 32);
+    assert_true(more);
+    assert_int_equal(store_purge(f->st, 100, &purged, &more), 0);
+    assert_int_equal(purged, 18);
+}
+
 #ifdef IDEM_FAULT_INJECTION
 struct snapshot_race {
     struct store *st;
@@ -4447,6 +4482,7 @@ int main(void)
         STORE_TEST(test_entry_left_in_flight_after_a_complete),
         STORE_TEST(test_steal_waits_for_the_records_lock),
         STORE_TEST(test_purge_share_spares_the_batch_completes),
+        STORE_TEST(test_inflight_purge_share_is_capped),
 #ifdef IDEM_FAULT_INJECTION
         STORE_TEST(test_complete_during_an_inflight_batch),
 #endif
