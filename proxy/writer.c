@@ -109,7 +109,6 @@ struct lane {
     bool lingering; /* waiting for more jobs to join a commit: wake it at linger_jobs only */
     size_t linger_jobs; /* LINGER_JOBS, or max_batch if smaller */
     bool stopping;
-    bool purge_now;
     /* The records' lane: the other lane's acquires found the store full,
      * and this one purges at once (under lock): the store does not purge
      * in the lane that carries the heartbeats, which would wait for the
@@ -464,8 +463,8 @@ static void apply_batch(struct lane *w, struct writer_job *list)
 }
 
 /* The in-flight lane, under load, holds a commit back for at most
- * LINGER_US until jobs are queued (see LINGER_JOBS). Called and returns
- * with w->lock held; submitters wake it only at LINGER_JOBS. */
+ * LINGER_US until linger_jobs jobs are queued (see LINGER_JOBS). Called
+ * and returns with w->lock held; submitters wake it only at linger_jobs. */
 static void linger(struct lane *w)
 {
     int64_t until = mono_us() + LINGER_US;
@@ -502,14 +501,12 @@ static void *writer_main(void *arg)
         struct writer_job *list = NULL;
         struct writer_job *rest = NULL;
         bool stop;
-        bool purge_now;
         bool full_asked;
         int64_t now;
 
         pthread_mutex_lock(&w->lock);
         /* With purge work due, an empty queue is time to purge: no wait. */
-        while (w->head == NULL && !w->stopping && !w->purge_now && !w->purge_due &&
-               !w->purge_full_asked) {
+        while (w->head == NULL && !w->stopping && !w->purge_due && !w->purge_full_asked) {
             int64_t wake = next_purge;
             struct timespec ts;
             if (next_sync != 0 && next_sync < wake)
@@ -546,14 +543,12 @@ static void *writer_main(void *arg)
             last_batch = n;
         }
         stop = w->stopping && w->head == NULL && list == NULL;
-        purge_now = w->purge_now;
-        w->purge_now = false;
         full_asked = w->purge_full_asked;
         w->purge_full_asked = false;
         pthread_mutex_unlock(&w->lock);
 
         now = idem_mono_ms();
-        if (w->records && (purge_now || now >= next_purge)) {
+        if (w->records && now >= next_purge) {
             w->purge_due = true;
             next_purge = now + w->opt.purge_interval_ms;
         }
