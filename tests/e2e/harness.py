@@ -614,6 +614,15 @@ class Proxy:
         self.stop_called = True
         self.proc.send_signal(signal.SIGTERM)
 
+    def terminate_draining(self, timeout=10.0):
+        """terminate(), then waits until the proxy says it drains: a test
+        that times the drain counts from there, not from the signal (which
+        a loaded machine may deliver late)."""
+        self.terminate()
+        if not wait_for(lambda: ": draining" in self.stderr(), timeout):
+            raise AssertionError("no 'draining' line %.0f s after SIGTERM: %s"
+                                 % (timeout, self.stderr()[-2000:]))
+
     def wait_exit(self, timeout=STOP_TIMEOUT_S):
         """Waits for the process to exit; returns its status, None on timeout."""
         try:

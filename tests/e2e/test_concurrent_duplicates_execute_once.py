@@ -36,7 +36,7 @@ class ConcurrentDuplicates(harness.ProxyTestCase):
 
     def test_twenty_duplicates_with_wait_zero_get_409(self):
         proxy = self.start_proxy(wait="0s", lease="5s", heartbeat="1s")
-        results = burst(lambda i: self.post(proxy, "burst-2", headers=[("X-Test-Delay-Ms", "2000")]), 20)
+        results = burst(lambda i: self.post(proxy, "burst-2", headers=[("X-Test-Delay-Ms", "4000")]), 20)
         self.assertEqual(self.upstream.count("burst-2"), 1)
         winners = [r for r in results if r.status == 201]
         losers = [r for r in results if r.status != 201]

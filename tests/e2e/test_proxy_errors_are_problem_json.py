@@ -41,7 +41,7 @@ class ProblemJson(harness.ProxyTestCase):
             self.assertExecuted(self.post(proxy, "mm", body=b'{"a":1}'))
             self.check(self.post(proxy, "mm", body=b'{"a":2}'), 422)
         with self.subTest("409"):
-            fut = harness.in_thread(self.post, proxy, "busy", headers=[("X-Test-Delay-Ms", "1000")])
+            fut = harness.in_thread(self.post, proxy, "busy", headers=[("X-Test-Delay-Ms", "2000")])
             harness.wait_for(lambda: self.upstream.count("busy") == 1, 3)
             r = self.post(proxy, "busy")
             self.check(r, 409)

@@ -79,7 +79,7 @@ class ShowAndForgetKey(harness.ProxyTestCase):
 
         def slow():
             answers["first"] = self.post(proxy, "slow-1",
-                                         headers=[("X-Test-Delay-Ms", "1500")])
+                                         headers=[("X-Test-Delay-Ms", "5000")])
 
         t = threading.Thread(target=slow)
         t.start()

@@ -85,7 +85,7 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
         b = self.open_kept_alive(proxy, "pool-1")
         holder = in_thread(self.post, proxy, "hold-1", headers=[("X-Test-Delay-Ms", "2000")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("hold-1") == 1, 5))
-        proxy.terminate()
+        proxy.terminate_draining()
         time.sleep(0.3)
 
         r = b.request("POST", "/v1/payments", keyed("new-during-drain"), BODY)
@@ -111,7 +111,7 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
         b = self.open_kept_alive(proxy, "pool-2")
         holder = in_thread(self.post, proxy, "hold-2", headers=[("X-Test-Delay-Ms", "2000")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("hold-2") == 1, 5))
-        proxy.terminate()
+        proxy.terminate_draining()
         time.sleep(0.3)
 
         dup = b.request("POST", "/v1/payments", keyed("hold-2"), BODY)

@@ -17,7 +17,7 @@ class SigtermDrains(harness.ProxyTestCase):
         proxy = self.start_proxy(config=cfg, name="old")
         flight = in_thread(self.post, proxy, "drain-1", headers=[("X-Test-Delay-Ms", "1500")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("drain-1") == 1, 3))
-        proxy.terminate()
+        proxy.terminate_draining()
         time.sleep(0.3)
 
         # Stopped accepting: a new request is refused, dropped or answered
@@ -88,7 +88,7 @@ class SigtermDrains(harness.ProxyTestCase):
         self.addCleanup(s.close)
         s.sendall(head + body[:3])
         time.sleep(0.3)
-        proxy.terminate()
+        proxy.terminate_draining()
         time.sleep(1.3)  # past drain_timeout, inside the grace
         s.sendall(body[3:])
         s.settimeout(8)
