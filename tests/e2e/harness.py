@@ -18,6 +18,7 @@ logs, stderr, the upstream's execution log, the store) is kept when a test
 fails, and the logs' tails are printed; IDEMPROXY_E2E_KEEP=1 keeps it always.
 """
 
+import atexit
 import concurrent.futures
 import datetime
 import hashlib
@@ -82,9 +83,19 @@ def huge_body(n, pattern=b"0123456789abcdef"):
     return (pattern * (n // len(pattern) + 1))[:n]
 
 
+_closed = []
+
+
 def closed_port():
-    """A port on which connections are refused."""
-    return free_port()
+    """A port on which connections are refused, and stay refused: a socket
+    of this process stays bound to it without listening (a connection gets
+    a reset), so no other test process can take it meanwhile."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    if not _closed:
+        atexit.register(lambda: [c.close() for c in _closed])
+    _closed.append(s)
+    return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def leave_waiting(port, key, n):
             [("Content-Type", "application/json"), ("Idempotency-Key", key)],
             harness.PAYMENT_BODY, host="127.0.0.1:%d" % port))
         socks.append(s)
-    time.sleep(0.3)  # they are waiting now
+    time.sleep(1.0)  # they are waiting now (parsed, even on a loaded machine)
     for s in socks:
         s.close()
 
