@@ -27,11 +27,12 @@ class Kill9LeaseSteal(harness.ProxyTestCase):
         self.note("a killed")
 
         # The 2 s lease was extended within the last 300 ms: it is live for
-        # at least ~1.7 s more, so an answer within 1.2 s of the kill is
-        # about a live lease.
+        # at least ~1.7 s more (less if a loaded machine delayed the
+        # heartbeats), so an answer within 0.8 s of the kill is about a live
+        # lease.
         early = self.post(b, "k9")
         self.note("b answered %d", early.status)
-        self.assertLess(time.monotonic() - killed_at, 1.2, "too slow to test the live lease")
+        self.assertLess(time.monotonic() - killed_at, 0.8, "too slow to test the live lease")
         self.assertProblem(early, 409)
         self.assertRetryAfter(early, minimum=1, maximum=2)
         self.assertEqual(self.upstream.count("k9"), 1, "the key was stolen from a live lease")

@@ -83,7 +83,7 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
         proxy = self.start_proxy(config=self.config(server={"drain_timeout": "10s",
                                                             "workers": 1}))
         b = self.open_kept_alive(proxy, "pool-1")
-        holder = in_thread(self.post, proxy, "hold-1", headers=[("X-Test-Delay-Ms", "2000")])
+        holder = in_thread(self.post, proxy, "hold-1", headers=[("X-Test-Delay-Ms", "4000")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("hold-1") == 1, 5))
         proxy.terminate_draining()
         time.sleep(0.3)
@@ -109,7 +109,7 @@ class DrainEndsEveryConnection(harness.ProxyTestCase):
         proxy = self.start_proxy(config=self.config(routes=[self.route(wait="10s")],
                                                     server={"drain_timeout": "10s", "workers": 1}))
         b = self.open_kept_alive(proxy, "pool-2")
-        holder = in_thread(self.post, proxy, "hold-2", headers=[("X-Test-Delay-Ms", "2000")])
+        holder = in_thread(self.post, proxy, "hold-2", headers=[("X-Test-Delay-Ms", "4000")])
         self.assertTrue(harness.wait_for(lambda: self.upstream.count("hold-2") == 1, 5))
         proxy.terminate_draining()
         time.sleep(0.3)

@@ -63,7 +63,7 @@ class WaitingDuplicateClientGone(harness.ProxyTestCase):
     def test_gone_waiter_does_not_run_when_holder_releases(self):
         proxy = self.start_proxy(wait="10s")
         first = in_thread(self.post, proxy, "gone-2",
-                          headers=[("X-Test-Delay-Ms", "2500"), ("X-Test-Status", "500")])
+                          headers=[("X-Test-Delay-Ms", "4000"), ("X-Test-Status", "500")])
         harness.wait_for(lambda: self.upstream.total() == 1, 3)
         leave_waiting(proxy.port, "gone-2", 3)
         self.assertEqual(first.result(10).status, 500)
