@@ -207,6 +207,20 @@ static enum store_outcome complete(struct store *st, const char *name,
     return o;
 }
 
+/* A complete op of name's hold (lease), for store_apply_purge(). */
+static void prep_complete(struct store_op *c, const char *name,
+                          const uint8_t lease[STORE_LEASE_ID_BYTES], const char *body)
+{
+    memset(c, 0, sizeof(*c));
+    c->kind = STORE_OP_COMPLETE;
+    key_of(name, c->key);
+    memcpy(c->lease_id, lease, STORE_LEASE_ID_BYTES);
+    c->ttl_ms = 60000;
+    c->status = 200;
+    c->body.ptr = body;
+    c->body.len = strlen(body);
+}
+
 static enum store_outcome release(struct store *st, const char *name,
                                   const uint8_t lease[STORE_LEASE_ID_BYTES])
 {
@@ -2225,14 +2239,7 @@ static void test_purge_share_spares_the_batch_completes(void **state)
 
     assert_int_equal(acquire(f->st, "slow", 'a', 1000, 500, &a), STORE_ACQUIRED);
     advance(f, 2000); /* its TTL and its lease are over; nobody stole it */
-    memset(&c, 0, sizeof(c));
-    c.kind = STORE_OP_COMPLETE;
-    key_of("slow", c.key);
-    memcpy(c.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
-    c.ttl_ms = 60000;
-    c.status = 200;
-    c.body.ptr = "ran once";
-    c.body.len = 8;
+    prep_complete(&c, "slow", a.lease_id, "ran once");
     assert_int_equal(store_apply_purge(f->st, &c, 1, 10, &purged, &more), 0);
     assert_int_equal(c.outcome, STORE_DONE);
     assert_int_equal(purged, 0);
@@ -2259,14 +2266,7 @@ static void test_inflight_purge_share_is_capped(void **state)
     }
     assert_int_equal(acquire(f->st, "live", 'a', 60000, 60000, &a), STORE_ACQUIRED);
     advance(f, 2000); /* the 50 holders are gone: their TTLs and leases over */
-    memset(&c, 0, sizeof(c));
-    c.kind = STORE_OP_COMPLETE;
-    key_of("live", c.key);
-    memcpy(c.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
-    c.ttl_ms = 60000;
-    c.status = 200;
-    c.body.ptr = "ok";
-    c.body.len = 2;
+    prep_complete(&c, "live", a.lease_id, "ok");
     assert_int_equal(store_apply_purge(f->st, &c, 1, 100, &purged, &more), 0);
     assert_int_equal(c.outcome, STORE_DONE);
     assert_int_equal(purged, 32);
