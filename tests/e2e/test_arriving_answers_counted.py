@@ -13,7 +13,6 @@ been sent. The count then goes back to what it was: the same request runs,
 and the process exits with nothing left counted.
 """
 
-import time
 import unittest
 
 import harness
@@ -38,8 +37,21 @@ class ArrivingAnswersCounted(harness.ProxyTestCase):
         # then its header block and half of each body reach the proxy in
         # far less than a second, and the rest comes PAUSE_MS later.
         harness.wait_for(lambda: all(self.upstream.count(k) == 1 for k in keys), timeout=10)
-        time.sleep(1.0)
-        self.note("answers half in")
+        # Before the keyed request, which would run if admitted: wait until
+        # the halves are counted, seen by a request that runs nothing that
+        # matters (a GET no route covers, refused by the same bound). A fixed
+        # second here raced the loopback on a loaded machine. Within 3 s, well
+        # before the rest comes: counted only once whole, they never would be.
+        probes = []
+
+        def refused():
+            r = proxy.request("GET", "/probe")
+            probes.append(r.status)
+            return r.status == 503
+
+        self.assertTrue(harness.wait_for(refused, timeout=3.0, interval=0.05),
+                        "6 MiB of each answer arrived and nothing was refused: %r" % probes[-5:])
+        self.note("answers half in (%d probes)", len(probes))
 
         late = self.post(proxy, "late", timeout=20)
         self.note("late: %s", late.status)
