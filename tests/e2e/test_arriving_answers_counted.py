@@ -47,10 +47,16 @@ class ArrivingAnswersCounted(harness.ProxyTestCase):
         def refused():
             r = proxy.request("GET", "/probe")
             probes.append(r.status)
-            return r.status == 503
+            if r.status != 503:
+                return False
+            doc = self.assertProblem(r, 503)  # the bound's 503, not another one
+            self.assertTrue(doc["type"].endswith(":out-of-memory"), doc)
+            self.assertIn("max_buffered", doc["detail"])
+            return True
 
         self.assertTrue(harness.wait_for(refused, timeout=3.0, interval=0.05),
-                        "6 MiB of each answer arrived and nothing was refused: %r" % probes[-5:])
+                        "nothing refused within 3 s of both requests reaching the upstream, "
+                        "while half of each 12 MiB answer arrives: %r" % probes[-5:])
         self.note("answers half in (%d probes)", len(probes))
 
         late = self.post(proxy, "late", timeout=20)
