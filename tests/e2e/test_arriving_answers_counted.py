@@ -40,7 +40,7 @@ class ArrivingAnswersCounted(harness.ProxyTestCase):
         # Before the keyed request, which would run if admitted: wait until
         # the halves are counted, seen by a request that runs nothing that
         # matters (a GET no route covers, refused by the same bound). A fixed
-        # second here raced the loopback on a loaded machine. Within 3 s, well
+        # second here could lose that race on a loaded machine. Within 3 s, well
         # before the rest comes: counted only once whole, they never would be.
         probes = []
 
