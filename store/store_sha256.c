@@ -2,8 +2,9 @@
  * store_sha256.c - SHA-256 with OpenSSL's low-level functions (see
  * store_sha256.h for why not EVP).
  */
-/* SHA256_Init() and friends are deprecated in OpenSSL 3.0 in favour of EVP,
- * still in OpenSSL 3. They are used on purpose: see the header. */
+/* SHA256_Init() and friends are deprecated since OpenSSL 3.0 in favour of
+ * EVP, but still there in OpenSSL 3. They are used on purpose: see the
+ * header. */
 #define OPENSSL_SUPPRESS_DEPRECATED 1
 
 #include "store_sha256.h"
