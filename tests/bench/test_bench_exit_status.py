@@ -1,0 +1,46 @@
+"""bench/run's exit status: 0 only when every target was met with the
+targets' own settings; 3 when one was missed; 4 when every one was met but
+with --durability interval or --header-memory, which the targets do not use;
+a smoke run judges nothing."""
+import importlib.machinery
+import importlib.util
+import os
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def load_bench():
+    spec = importlib.util.spec_from_loader(
+        "bench_run", importlib.machinery.SourceFileLoader(
+            "bench_run", os.path.join(ROOT, "bench", "run")))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BenchExitStatus(unittest.TestCase):
+    def setUp(self):
+        self.status = load_bench().exit_status
+
+    def test_targets_settings(self):
+        self.assertEqual(self.status(False, [], "sync", None), (0, None))
+        code, why = self.status(False, ["unique / nginx_proxy (req/s)"], "sync", None)
+        self.assertEqual(code, 3)
+        self.assertIn("unique / nginx_proxy", why)
+
+    def test_other_settings_never_exit_0(self):
+        for durability, header_memory, named in (("interval", None, "--durability interval"),
+                                                 ("sync", "8KiB", "--header-memory 8KiB")):
+            code, why = self.status(False, [], durability, header_memory)
+            self.assertEqual(code, 4)
+            self.assertIn(named, why)
+        # A miss still says 3, whatever the settings.
+        self.assertEqual(self.status(False, ["x"], "interval", "8KiB")[0], 3)
+
+    def test_smoke_judges_nothing(self):
+        self.assertEqual(self.status(True, ["x"], "interval", "8KiB"), (0, None))
+
+
+if __name__ == "__main__":
+    unittest.main()
