@@ -57,6 +57,9 @@ void store_fault_lmdb_failed(const char **func, const char **call);
  *   "inflight-batch-records-snapshot"  F's writer (layout 4) has F's writer
  *       lock, has taken the queued deletes of completed entries, and has
  *       just begun its read of R; no op of the batch has run yet.
+ *   "read-key-records-missed"  a lookup (get, view; layout 4) has searched
+ *       R without finding what an acquire goes by, and is about to begin
+ *       F's snapshot and then renew R's.
  * NULL fn removes the hook. Not thread-safe against store calls running
  * while it is set or removed. */
 typedef void (*store_fault_hook_fn)(const char *point, void *ctx);

@@ -2568,16 +2568,20 @@ static void read_pair_end(struct lmdb_store *s, struct read_pair *p)
  * first), else F's entry in flight when there is one, unless it is the one
  * R's COMPLETE left (its lease; do_acquire), else R's. */
 static int load_merged(struct lmdb_store *s, const struct read_pair *p,
-                       const uint8_t key[STORE_KEY_BYTES], struct store_record_view *v,
-                       bool *found)
+                       const uint8_t key[STORE_KEY_BYTES], bool r_known_absent,
+                       struct store_record_view *v, bool *found)
 {
     struct store_record_view rv;
     struct store_record_view fv;
     enum rec_table where = REC_NONE;
     bool rfound = false;
     bool ffound = false;
-    int rc = record_load(s, p->rtxn, key, &rv, &rfound, &where, false);
+    int rc = STORE_OK;
 
+    memset(&rv, 0, sizeof(rv));
+    if (!r_known_absent) {
+        rc = record_load(s, p->rtxn, key, &rv, &rfound, &where, false);
+    }
     *found = false;
     if (rc != STORE_OK) {
         return rc;
@@ -2612,11 +2616,18 @@ static int load_merged(struct lmdb_store *s, const struct read_pair *p,
  * what an acquire goes by (a COMPLETE within its TTL, a live hold: a
  * replay's lookup, one read transaction); otherwise F's snapshot, then R's
  * again, begun after it (load_merged: a complete that deleted its F entry
- * before F's snapshot is in that R snapshot). The caller ends p. */
+ * before F's snapshot is in that R snapshot). When R's renewed snapshot is
+ * the one the key was just missing from (the same transaction id: nothing
+ * committed to R in between, so the same pages), the key is not searched
+ * for in R again: that is every new key's lookup but for the few that meet
+ * a commit, one B-tree search fewer on the path of every new request. The
+ * caller ends p. */
 static int read_key(struct lmdb_store *s, const uint8_t key[STORE_KEY_BYTES], struct read_pair *p,
                     struct store_record_view *v, bool *found)
 {
     enum rec_table where = REC_NONE;
+    bool r_missed;
+    size_t r_snapshot;
     int rc;
 
     p->rtxn = NULL;
@@ -2639,6 +2650,9 @@ static int read_key(struct lmdb_store *s, const uint8_t key[STORE_KEY_BYTES], st
         *found = *found && v->state != STORE_STATE_COMPLETE;
         return STORE_OK;
     }
+    r_missed = !*found;
+    r_snapshot = mdb_txn_id(p->rtxn);
+    FAULT_POINT("read-key-records-missed");
     rc = read_begin(s->fl, &p->ftxn);
     if (rc != STORE_OK) {
         return rc;
@@ -2650,7 +2664,7 @@ static int read_key(struct lmdb_store *s, const uint8_t key[STORE_KEY_BYTES], st
         p->rtxn = NULL;
         return rc;
     }
-    return load_merged(s, p, key, v, found);
+    return load_merged(s, p, key, r_missed && mdb_txn_id(p->rtxn) == r_snapshot, v, found);
 }
 
 static int lmdb_get(void *impl, const uint8_t key[STORE_KEY_BYTES], struct store_record *out)

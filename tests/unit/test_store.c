@@ -2357,6 +2357,60 @@ static void test_complete_during_an_inflight_batch(void **state)
     store_record_clear(&b.replay);
     assert_int_equal(closed_tables_holding(f, "k"), IN_RECORDS);
 }
+
+/* At the lookup's point, once: a complete of the key commits to R. */
+static void complete_after_the_lookups_miss(const char *point, void *ctx)
+{
+    struct snapshot_race *r = ctx;
+    pthread_t t;
+
+    if (!r->armed || strcmp(point, "read-key-records-missed") != 0) {
+        return;
+    }
+    r->armed = false;
+    if (pthread_create(&t, NULL, race_complete, r) == 0) {
+        pthread_join(t, NULL);
+    }
+}
+
+/* Layout 4: a lookup of a key that R does not have takes F's snapshot and
+ * then R's again, and searches R again only when R committed in between
+ * (its snapshot's transaction id moved). A complete that commits in that
+ * window must be seen: the lookup answers the COMPLETE, not F's entry in
+ * flight (which a lookup that trusted its first miss would return). */
+static void test_lookup_sees_a_complete_after_its_miss(void **state)
+{
+    struct fixture *f = *state;
+    struct snapshot_race race;
+    struct store_op a;
+    struct store_record rec;
+    uint8_t key[STORE_KEY_BYTES];
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    memset(&race, 0, sizeof(race));
+    race.st = f->st;
+    memcpy(race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    race.armed = true;
+    key_of("k", key);
+    store_fault_set_hook(complete_after_the_lookups_miss, &race);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    store_fault_set_hook(NULL, NULL);
+    assert_false(race.armed); /* the lookup went through the window */
+    assert_int_equal(race.completed, STORE_DONE);
+    assert_int_equal(rec.state, STORE_STATE_COMPLETE);
+    assert_int_equal(rec.status, 201);
+    assert_int_equal(rec.body_len, 4);
+    assert_memory_equal(rec.body, "once", 4);
+    store_record_clear(&rec);
+
+    /* A lookup with no commit in its window: F's entry of a new acquire. */
+    assert_int_equal(acquire(f->st, "k2", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    key_of("k2", key);
+    assert_int_equal(store_get(f->st, key, &rec), 0);
+    assert_int_equal(rec.state, STORE_STATE_IN_PROGRESS);
+    assert_memory_equal(rec.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    store_record_clear(&rec);
+}
 #endif
 
 struct steal_arg {
@@ -4495,6 +4549,7 @@ int main(void)
         STORE_TEST(test_inflight_purge_share_is_capped),
 #ifdef IDEM_FAULT_INJECTION
         STORE_TEST(test_complete_during_an_inflight_batch),
+        STORE_TEST(test_lookup_sees_a_complete_after_its_miss),
 #endif
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
