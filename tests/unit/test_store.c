@@ -2411,6 +2411,68 @@ static void test_lookup_sees_a_complete_after_its_miss(void **state)
     assert_memory_equal(rec.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
     store_record_clear(&rec);
 }
+
+struct counted_window {
+    struct snapshot_race race;
+    uint64_t hook_calls; /* the LMDB calls the complete in the window made */
+};
+
+/* At the lookup's point, once: a complete of "k" commits to R, and the
+ * LMDB calls it makes are counted apart. */
+static void count_a_complete_in_the_window(const char *point, void *ctx)
+{
+    struct counted_window *w = ctx;
+    uint64_t before;
+
+    if (!w->race.armed || strcmp(point, "read-key-records-missed") != 0) {
+        return;
+    }
+    before = store_fault_lmdb_calls();
+    complete_after_the_lookups_miss(point, &w->race);
+    w->hook_calls = store_fault_lmdb_calls() - before;
+}
+
+/* The skip itself, counted: a lookup of a key that is nowhere makes
+ * exactly one search of R fewer (its two tables, two mdb_get calls) when
+ * nothing was committed to R between its two snapshots of R than when a
+ * complete was. Without the skip both would make the same calls; without
+ * the re-search when R moved, the first test above fails. */
+static void test_lookup_searches_records_once_when_nothing_committed(void **state)
+{
+    struct fixture *f = *state;
+    struct counted_window w;
+    struct store_op a;
+    struct store_record rec;
+    uint8_t missing[STORE_KEY_BYTES];
+    uint64_t c0;
+    uint64_t quiet;
+    uint64_t moved;
+
+    assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &a), STORE_ACQUIRED);
+    key_of("nowhere", missing);
+    setenv("IDEM_FAULT_LMDB_NTH", "0", 1);
+    store_fault_arm(); /* counts, never fails */
+
+    c0 = store_fault_lmdb_calls();
+    assert_int_equal(store_get(f->st, missing, &rec), 0);
+    quiet = store_fault_lmdb_calls() - c0;
+    assert_int_equal(rec.state, STORE_STATE_ABSENT);
+
+    memset(&w, 0, sizeof(w));
+    w.race.st = f->st;
+    memcpy(w.race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    w.race.armed = true;
+    store_fault_set_hook(count_a_complete_in_the_window, &w);
+    c0 = store_fault_lmdb_calls();
+    assert_int_equal(store_get(f->st, missing, &rec), 0);
+    moved = store_fault_lmdb_calls() - c0;
+    store_fault_set_hook(NULL, NULL);
+    assert_false(w.race.armed);
+    assert_int_equal(w.race.completed, STORE_DONE);
+    assert_true(w.hook_calls > 0);
+    assert_int_equal(rec.state, STORE_STATE_ABSENT);
+    assert_int_equal(moved - w.hook_calls, quiet + 2);
+}
 #endif
 
 struct steal_arg {
@@ -4550,6 +4612,7 @@ int main(void)
 #ifdef IDEM_FAULT_INJECTION
         STORE_TEST(test_complete_during_an_inflight_batch),
         STORE_TEST(test_lookup_sees_a_complete_after_its_miss),
+        STORE_TEST(test_lookup_searches_records_once_when_nothing_committed),
 #endif
         STORE_TEST(test_keep_layout_upgrades_and_creates_nothing),
         STORE_TEST(test_wall_clock_step_leaves_leases_alone),
