@@ -31,11 +31,28 @@ class NameResolvedAgain(harness.ProxyTestCase):
             cfg["server"] = {"workers": workers}
         return self.start_proxy(config=cfg)
 
+    def two_upstreams_on_one_port(self):
+        """An upstream on 127.0.0.2 and one on 127.0.0.3 with the same port:
+        the kernel's pick for the first, which some other socket of this
+        host (the tests run in parallel) may hold on 127.0.0.3. Such a
+        collision is retried with another port, a few times."""
+        for attempt in range(5):
+            old = harness.Upstream(self.workdir, "old-%d" % attempt, host="127.0.0.2").start()
+            try:
+                new = harness.Upstream(self.workdir, "new-%d" % attempt, host="127.0.0.3",
+                                       port=old.port).start()
+            except RuntimeError as e:
+                old.stop()
+                if "address already in use" not in str(e) or attempt == 4:
+                    raise
+                continue
+            self.addCleanup(old.stop)
+            self.addCleanup(new.stop)
+            return old, new
+        raise AssertionError("unreachable")
+
     def test_new_connections_follow_a_moved_name(self):
-        old = harness.Upstream(self.workdir, "old", host="127.0.0.2").start()
-        self.addCleanup(old.stop)
-        new = harness.Upstream(self.workdir, "new", host="127.0.0.3", port=old.port).start()
-        self.addCleanup(new.stop)
+        old, new = self.two_upstreams_on_one_port()
         self.hosts.add(2)
         proxy = self.proxy_for(old.port)
 
@@ -61,10 +78,7 @@ class NameResolvedAgain(harness.ProxyTestCase):
         """The old address still answers after the move: connections pooled
         to it, and one busy on it during the move, are not used again, so
         traffic follows the name rather than staying where it was."""
-        old = harness.Upstream(self.workdir, "old", host="127.0.0.2").start()
-        self.addCleanup(old.stop)
-        new = harness.Upstream(self.workdir, "new", host="127.0.0.3", port=old.port).start()
-        self.addCleanup(new.stop)
+        old, new = self.two_upstreams_on_one_port()
         self.hosts.add(2)
         proxy = self.proxy_for(old.port, workers=1)
         for i in range(4):
