@@ -2289,6 +2289,7 @@ static void test_inflight_purge_share_is_capped(void **state)
 struct snapshot_race {
     struct store *st;
     uint8_t lease_id[STORE_LEASE_ID_BYTES];
+    const char *point; /* the store's point (store_fault.h) the complete runs at */
     bool armed;
     enum store_outcome completed;
 };
@@ -2308,14 +2309,14 @@ static void *race_complete(void *p)
     return NULL;
 }
 
-/* At the point, once: a complete of the key runs to its end (R's durable
+/* At r->point, once: a complete of the key runs to its end (R's durable
  * commit, its entry's delete queued) on another thread. */
 static void complete_in_the_window(const char *point, void *ctx)
 {
     struct snapshot_race *r = ctx;
     pthread_t t;
 
-    if (!r->armed || strcmp(point, "inflight-batch-records-snapshot") != 0) {
+    if (!r->armed || strcmp(point, r->point) != 0) {
         return;
     }
     r->armed = false;
@@ -2342,6 +2343,7 @@ static void test_complete_during_an_inflight_batch(void **state)
     memset(&race, 0, sizeof(race));
     race.st = f->st;
     memcpy(race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    race.point = "inflight-batch-records-snapshot";
     race.armed = true;
     store_fault_set_hook(complete_in_the_window, &race);
     raced = acquire(f->st, "k", 'a', 1000, 60000, &b);
@@ -2356,21 +2358,6 @@ static void test_complete_during_an_inflight_batch(void **state)
     assert_int_equal(acquire(f->st, "k", 'a', 1000, 60000, &b), STORE_REPLAY);
     store_record_clear(&b.replay);
     assert_int_equal(closed_tables_holding(f, "k"), IN_RECORDS);
-}
-
-/* At the lookup's point, once: a complete of the key commits to R. */
-static void complete_after_the_lookups_miss(const char *point, void *ctx)
-{
-    struct snapshot_race *r = ctx;
-    pthread_t t;
-
-    if (!r->armed || strcmp(point, "read-key-records-missed") != 0) {
-        return;
-    }
-    r->armed = false;
-    if (pthread_create(&t, NULL, race_complete, r) == 0) {
-        pthread_join(t, NULL);
-    }
 }
 
 /* Layout 4: a lookup of a key that R does not have takes F's snapshot and
@@ -2390,9 +2377,10 @@ static void test_lookup_sees_a_complete_after_its_miss(void **state)
     memset(&race, 0, sizeof(race));
     race.st = f->st;
     memcpy(race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    race.point = "read-key-records-missed";
     race.armed = true;
     key_of("k", key);
-    store_fault_set_hook(complete_after_the_lookups_miss, &race);
+    store_fault_set_hook(complete_in_the_window, &race);
     assert_int_equal(store_get(f->st, key, &rec), 0);
     store_fault_set_hook(NULL, NULL);
     assert_false(race.armed); /* the lookup went through the window */
@@ -2424,11 +2412,11 @@ static void count_a_complete_in_the_window(const char *point, void *ctx)
     struct counted_window *w = ctx;
     uint64_t before;
 
-    if (!w->race.armed || strcmp(point, "read-key-records-missed") != 0) {
+    if (!w->race.armed || strcmp(point, w->race.point) != 0) {
         return;
     }
     before = store_fault_lmdb_calls();
-    complete_after_the_lookups_miss(point, &w->race);
+    complete_in_the_window(point, &w->race);
     w->hook_calls = store_fault_lmdb_calls() - before;
 }
 
@@ -2461,6 +2449,7 @@ static void test_lookup_searches_records_once_when_nothing_committed(void **stat
     memset(&w, 0, sizeof(w));
     w.race.st = f->st;
     memcpy(w.race.lease_id, a.lease_id, STORE_LEASE_ID_BYTES);
+    w.race.point = "read-key-records-missed";
     w.race.armed = true;
     store_fault_set_hook(count_a_complete_in_the_window, &w);
     c0 = store_fault_lmdb_calls();
