@@ -3,24 +3,13 @@ targets' own settings; 3 when one was missed; 4 when every one was met but
 with --durability interval or --header-memory, which the targets do not use;
 a smoke run judges nothing. A --header-memory that is the proxy's
 default, in any of its spellings, is a run with the targets' settings."""
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import tempfile
 import types
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def load_bench():
-    spec = importlib.util.spec_from_loader(
-        "bench_run", importlib.machinery.SourceFileLoader(
-            "bench_run", os.path.join(ROOT, "bench", "run")))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_module import load_bench
 
 
 class BenchExitStatus(unittest.TestCase):

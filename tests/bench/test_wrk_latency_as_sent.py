@@ -7,8 +7,6 @@ tests run the real wrk with the bench's scripts against a server whose every
 server's: every answer accounted for once, the slow ones at their share,
 while wrk's own histogram carries extra samples for them."""
 import http.server
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
@@ -20,22 +18,13 @@ import time
 import types
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from bench_module import ROOT, load_bench
 SLOW_EVERY = 20
 SLOW_S = 0.300
 # Well apart from both: a fast answer takes milliseconds even on a loaded host.
 SLOW_FROM_US = 200_000
 FAST_BELOW_US = 100_000
 CONNS = 2
-
-
-def load_bench():
-    spec = importlib.util.spec_from_loader(
-        "bench_run", importlib.machinery.SourceFileLoader(
-            "bench_run", os.path.join(ROOT, "bench", "run")))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
