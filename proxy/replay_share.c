@@ -240,6 +240,12 @@ int replay_share_adopt(struct replay_share *t, const uint8_t key[STORE_KEY_BYTES
     return rc;
 }
 
+bool replay_body_is(const struct replay_body *b, const uint8_t key[STORE_KEY_BYTES],
+                    const struct store_record *rec)
+{
+    return same_version(b, key, rec);
+}
+
 const void *replay_body_data(const struct replay_body *b)
 {
     return b->data;

@@ -15,7 +15,10 @@
  * version. The caller reads the record first, every time, and gets a copy
  * only for the version it read: a replacement visible in the store is never
  * served from an older copy. Only copies some reply still holds are kept:
- * nothing is cached past its last replay.
+ * nothing is cached here past its last replay. (A worker keeps its last
+ * replay answer of up to 64 KiB made, for more replays of that version,
+ * and with it a reference to its copy, until it goes unreplayed for a
+ * second: struct replay_ready in server.c.)
  *
  * server.max_buffered: each copy is counted once against the process's
  * budget (the counter given to replay_share_new), when it is made, and
@@ -29,6 +32,7 @@
 #define IDEM_REPLAY_SHARE_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,6 +69,12 @@ int replay_share_get(struct replay_share *t, const uint8_t key[STORE_KEY_BYTES],
  * copy (it is taken: rec->body is NULL after), so nothing is copied. */
 int replay_share_adopt(struct replay_share *t, const uint8_t key[STORE_KEY_BYTES],
                        struct store_record *rec, struct replay_body **out);
+
+/* True when b is the copy of this version: rec being key's COMPLETE record
+ * as just read (see replay_share_get()). b's version never changes, so the
+ * check needs no lock; b must be held (a reference or what holds one). */
+bool replay_body_is(const struct replay_body *b, const uint8_t key[STORE_KEY_BYTES],
+                    const struct store_record *rec);
 
 /* The bytes and length of a copy; valid while the reference is held, and
  * never changed. */

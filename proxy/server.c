@@ -248,6 +248,7 @@ struct request {
 
     /* the answer the client gets once the record is settled */
     struct MHD_Response *response;
+    struct replay_ready *response_ready; /* response is this one's, not the request's own */
     int response_status;
     const char *outcome;
     /* the payload to store (complete) */
@@ -256,6 +257,45 @@ struct request {
 
     int64_t start_ms;
 };
+
+/*
+ * A replay answer a worker keeps made: libmicrohttpd queues one response on
+ * any number of connections (it counts them), so replays of one record
+ * version share the response with its headers, besides its body's copy
+ * (replay_share.h), instead of building and freeing one each. Each replay
+ * still reads the record first and takes this answer only for the version
+ * it read (replay_body_is()), so a record forgotten, purged or replaced is
+ * never answered from it. Only bodies of up to REPLAY_READY_MAX_BODY are
+ * kept (their bytes stay counted in server.max_buffered while kept), and an
+ * answer not replayed for REPLAY_READY_IDLE_MS is let go. Worker-owned:
+ * only its thread touches it.
+ */
+#define REPLAY_READY_MAX_BODY (64 * 1024)
+#define REPLAY_READY_IDLE_MS 1000
+struct replay_ready {
+    struct MHD_Response *resp; /* holds body's reference, given back when freed */
+    const struct replay_body *body;
+    int status;
+    size_t header_bytes; /* answer_header_bytes() of its stored headers */
+    unsigned refs;       /* the worker's, and each request's not yet queued */
+    int64_t used_ms;     /* idem_mono_ms() of its last replay */
+};
+
+static struct replay_ready *replay_ready_ref(struct replay_ready *rr)
+{
+    rr->refs++;
+    return rr;
+}
+
+static void replay_ready_put(struct replay_ready *rr)
+{
+    if (rr == NULL || --rr->refs > 0)
+        return;
+    /* Connections it is queued on hold references of libmicrohttpd's own:
+     * the response, and the body's copy with it, go with the last. */
+    MHD_destroy_response(rr->resp);
+    free(rr);
+}
 
 struct inbox_key {
     uint8_t key[STORE_KEY_BYTES];
@@ -278,6 +318,7 @@ struct worker {
     struct curl_sock *socks; /* indexed by descriptor, sized at start-up */
     size_t n_socks;
     struct MHD_Response *oom_response; /* 503 for when nothing can be allocated */
+    struct replay_ready *replay_ready; /* the last replay answer made, kept for more */
 
     pthread_mutex_t inbox_lock;
     struct writer_job *inbox_jobs;
@@ -610,6 +651,24 @@ static void shared_answer_put(void *cls)
     }
 }
 
+/* Lets the worker's kept answer go (its requests keep theirs). */
+static void replay_ready_drop(struct worker *w)
+{
+    replay_ready_put(w->replay_ready);
+    w->replay_ready = NULL;
+}
+
+/* Gives back the answer a request holds and has not queued. */
+static void response_drop(struct request *r)
+{
+    if (r->response_ready != NULL)
+        replay_ready_put(r->response_ready); /* r->response is its */
+    else if (r->response != NULL)
+        MHD_destroy_response(r->response);
+    r->response_ready = NULL;
+    r->response = NULL;
+}
+
 static void request_free(struct request *r)
 {
     if (r == NULL)
@@ -627,8 +686,7 @@ static void request_free(struct request *r)
     curl_slist_free_all(r->curl_headers);
     idem_headers_clear(&r->headers);
     idem_headers_clear(&r->resp_headers);
-    if (r->response != NULL)
-        MHD_destroy_response(r->response);
+    response_drop(r);
     store_record_clear(&r->job.op.replay);
     if (r->live_lease)
         writer_forget_lease(r->w->srv->writer, r->record_key, r->lease_id);
@@ -682,8 +740,7 @@ static struct MHD_Response *make_problem(int status, const char *slug, const cha
 static void respond(struct request *r, struct MHD_Response *resp, int status,
                     const char *outcome)
 {
-    if (r->response != NULL)
-        MHD_destroy_response(r->response);
+    response_drop(r);
     r->response = resp;
     r->response_status = status;
     r->outcome = outcome;
@@ -991,11 +1048,67 @@ static void add_headers(struct MHD_Response *resp, const struct idem_headers *h)
 /* Replays a COMPLETE record: its status and headers from rec, its body
  * from body, a reference to the shared copy (replay_share.h) that the
  * response takes over (NULL: an empty body). */
+static bool replay_header_room(struct request *r, size_t header_bytes)
+{
+    /* A record stored before the answer's header block was capped at
+     * response_header_max() may not fit next to a large request: say so
+     * rather than drop the connection. A retry with smaller headers gets
+     * the replay. */
+    if (r->pool_bytes + header_bytes <=
+        r->w->srv->cfg->server.header_memory_bytes + response_header_max(r->w->srv->cfg))
+        return true;
+    respond_problem(r, 431, "headers-too-large", "Request header fields too large",
+                    "this key's stored answer has too large a header block to be sent "
+                    "with this request's headers; retry with fewer or smaller headers",
+                    "rejected", 0, false);
+    return false;
+}
+
+/* Replays the answer the worker keeps (struct replay_ready), whose
+ * reference rr is taken over. */
+static void respond_ready(struct request *r, struct replay_ready *rr)
+{
+    if (!replay_header_room(r, rr->header_bytes)) {
+        replay_ready_put(rr);
+        return;
+    }
+    rr->used_ms = idem_mono_ms();
+    respond(r, rr->resp, rr->status, "replayed");
+    r->response_ready = rr;
+}
+
+/* Keeps resp, a replay of a body of body_len bytes whose copy it holds
+ * (body), as the worker's ready answer in place of the one before; r is
+ * answered with it. False when it is not kept (too large, or no memory for
+ * the bookkeeping): r is not answered then. */
+static bool keep_ready(struct request *r, struct MHD_Response *resp,
+                       const struct replay_body *body, int status, size_t header_bytes)
+{
+    struct worker *w = r->w;
+    struct replay_ready *rr;
+
+    if (replay_body_len(body) > REPLAY_READY_MAX_BODY)
+        return false;
+    rr = calloc(1, sizeof(*rr));
+    if (rr == NULL)
+        return false;
+    rr->resp = resp;
+    rr->body = body;
+    rr->status = status;
+    rr->header_bytes = header_bytes;
+    rr->refs = 1;
+    replay_ready_drop(w);
+    w->replay_ready = rr;
+    respond_ready(r, replay_ready_ref(rr));
+    return true;
+}
+
 static void respond_replay(struct request *r, const struct store_record *rec,
                            struct replay_body *body)
 {
     struct idem_headers h = {0};
     struct MHD_Response *resp = NULL;
+    const struct replay_body *held = body;
     int drc = idem_headers_decode(rec->headers, rec->headers_len, &h);
 
     if (drc == -2) {
@@ -1011,18 +1124,8 @@ static void respond_replay(struct request *r, const struct store_record *rec,
                         false);
         goto out;
     }
-    /* A record stored before the answer's header block was capped at
-     * response_header_max() may not fit next to a large request: say so
-     * rather than drop the connection. A retry with smaller headers gets
-     * the replay. */
-    if (r->pool_bytes + answer_header_bytes(&h) >
-        r->w->srv->cfg->server.header_memory_bytes + response_header_max(r->w->srv->cfg)) {
-        respond_problem(r, 431, "headers-too-large", "Request header fields too large",
-                        "this key's stored answer has too large a header block to be sent "
-                        "with this request's headers; retry with fewer or smaller headers",
-                        "rejected", 0, false);
+    if (!replay_header_room(r, answer_header_bytes(&h)))
         goto out;
-    }
     if (body != NULL) {
         /* The response holds the reference until libmicrohttpd has sent
          * it (and frees it with the response); the bytes are never
@@ -1037,6 +1140,9 @@ static void respond_replay(struct request *r, const struct store_record *rec,
     if (resp != NULL) {
         add_headers(resp, &h);
         MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+        if (held != NULL && body == NULL &&
+            keep_ready(r, resp, held, rec->status, answer_header_bytes(&h)))
+            goto out;
     }
     respond(r, resp, rec->status, "replayed");
 out:
@@ -2019,6 +2125,7 @@ struct lookup_result {
     enum idem_lookup_action action;
     struct store_record rec;  /* without its body; headers copied for a replay */
     struct replay_body *body; /* IDEM_LOOKUP_REPLAY: the shared copy */
+    struct replay_ready *ready; /* IDEM_LOOKUP_REPLAY: or the worker's answer for it */
     int share_rc;             /* replay_share_get(), or REPLAY_SHARE_ENOMEM for the headers' copy */
 };
 
@@ -2040,6 +2147,11 @@ static void lookup_view(const struct store_record *rec, void *ctx)
     lr->rec.body_len = 0;
     if (lr->action != IDEM_LOOKUP_REPLAY)
         return;
+    if (r->w->replay_ready != NULL && rec->body_len > 0 &&
+        replay_body_is(r->w->replay_ready->body, r->record_key, rec)) {
+        lr->ready = replay_ready_ref(r->w->replay_ready);
+        return;
+    }
     if (rec->headers_len > 0) {
         lr->rec.headers = malloc(rec->headers_len);
         if (lr->rec.headers == NULL) {
@@ -2086,6 +2198,11 @@ static void lookup(struct request *r)
                         false);
             break;
         }
+        if (lr.ready != NULL) {
+            respond_ready(r, lr.ready);
+            lr.ready = NULL;
+            break;
+        }
         respond_replay(r, &lr.rec, lr.body);
         lr.body = NULL;
         break;
@@ -2127,6 +2244,7 @@ static void lookup(struct request *r)
         break;
     }
 out:
+    replay_ready_put(lr.ready);
     replay_body_put(lr.body);
     store_record_clear(&lr.rec);
 }
@@ -2892,8 +3010,7 @@ static enum MHD_Result queue_answer(struct request *r)
     if (r->w->draining)
         (void)MHD_set_connection_value(r->conn, MHD_HEADER_KIND, "Connection", "close");
     ret = MHD_queue_response(r->conn, (unsigned int)r->response_status, r->response);
-    MHD_destroy_response(r->response);
-    r->response = NULL;
+    response_drop(r);
     r->state = RS_DONE;
     return ret;
 }
@@ -3604,6 +3721,9 @@ static void *worker_main(void *arg)
         }
         if (now >= w->next_sweep_ms) {
             sweep_closed(w);
+            if (w->replay_ready != NULL &&
+                now - w->replay_ready->used_ms >= REPLAY_READY_IDLE_MS)
+                replay_ready_drop(w);
             w->next_sweep_ms = now + SWEEP_MS;
         }
         if (run_mhd || n == 0 || w->draining || w->mhd_pending) {
@@ -3931,6 +4051,7 @@ static void worker_stop_daemon(struct worker *w)
     if (w->mhd != NULL)
         MHD_stop_daemon(w->mhd);
     w->mhd = NULL;
+    replay_ready_drop(w);
 }
 
 /* Frees the rest, once the writer has stopped: nothing is delivered any
