@@ -155,6 +155,8 @@ struct conn_slot {
     int fd;
     bool ip_counted;         /* holds one of its address's per-IP count */
     unsigned char ip[16];    /* the client's address, IPv4 mapped to IPv6 */
+    bool addr_done;          /* addr holds the client's address as text */
+    char addr[INET6_ADDRSTRLEN];
     struct request *req; /* the request it is reading, if any */
     struct wire_check *wire; /* its raw bytes, framed strictly */
     struct conn_slot *prev, *next;
@@ -1551,29 +1553,45 @@ static struct start_failure start_failure_of(int rc)
                                   "the request could not be forwarded", 0};
 }
 
-static int start_upstream(struct request *r)
+/* The client's address as text (X-Forwarded-For; "" when unknown), made
+ * once per connection: it was 2 % of a pass-through GET's CPU made for
+ * each request. buf (INET6_ADDRSTRLEN) is used when the connection's slot
+ * is gone. */
+static const char *client_addr_text(struct request *r, char *buf)
 {
-    const struct config *cfg = r->w->srv->cfg;
-    struct idem_headers fwd = {0};
-    struct idem_forward_info info = {.client_addr = "", .proto = "http"};
-    char addr[INET6_ADDRSTRLEN] = "";
-    char *url = NULL;
-    size_t base_len = strlen(r->w->srv->upstream_base);
     const union MHD_ConnectionInfo *ci;
-    int rc = -ENOMEM; /* every step below fails only for memory, but two */
-    CURL *e = NULL;
+    char *addr = r->slot != NULL ? r->slot->addr : buf;
 
+    if (r->slot != NULL && r->slot->addr_done)
+        return addr;
+    addr[0] = '\0';
     ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ci != NULL && ci->client_addr != NULL) {
         const struct sockaddr *sa = ci->client_addr;
         if (sa->sa_family == AF_INET)
             inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, addr,
-                      sizeof(addr));
+                      INET6_ADDRSTRLEN);
         else if (sa->sa_family == AF_INET6)
             inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
-                      addr, sizeof(addr));
+                      addr, INET6_ADDRSTRLEN);
     }
-    info.client_addr = addr;
+    if (r->slot != NULL)
+        r->slot->addr_done = true;
+    return addr;
+}
+
+static int start_upstream(struct request *r)
+{
+    const struct config *cfg = r->w->srv->cfg;
+    struct idem_headers fwd = {0};
+    struct idem_forward_info info = {.client_addr = "", .proto = "http"};
+    char addr[INET6_ADDRSTRLEN];
+    char *url = NULL;
+    size_t base_len = strlen(r->w->srv->upstream_base);
+    int rc = -ENOMEM; /* every step below fails only for memory, but two */
+    CURL *e = NULL;
+
+    info.client_addr = client_addr_text(r, addr);
     rc = idem_filter_request_headers(&r->headers, &info, &fwd);
     if (rc != 0) {
         rc = rc == -1 ? -EINVAL : -ENOMEM;

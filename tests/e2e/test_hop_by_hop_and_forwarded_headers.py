@@ -52,6 +52,26 @@ class HopByHop(harness.ProxyTestCase):
         self.assertEqual(values(seen, "X-Forwarded-Proto"), ["http"])
         self.assertEqual(values(seen, "X-Forwarded-Host"), ["127.0.0.1:%d" % proxy.port])
 
+    def test_forwarded_for_is_each_connections_own_client(self):
+        # The address is made into text once per connection: every request
+        # on a kept-alive connection carries its client's, whatever other
+        # connections of the same worker came from.
+        proxy = self.start_proxy(config=self.config(server={"workers": 1}))
+        conns = {src: harness.Conn(proxy.port, source=src)
+                 for src in ("127.0.0.2", "127.0.0.3")}
+        try:
+            for i in range(3):
+                for src, c in conns.items():
+                    key = "xff-%s-%d" % (src, i)
+                    r = c.request("POST", "/v1/payments", [
+                        ("Content-Type", "application/json"), ("Idempotency-Key", key),
+                        ("X-Test-Fault", "echo-headers")], harness.PAYMENT_BODY)
+                    self.assertEqual(r.status, 201, r)
+                    self.assertEqual(values(r.json(), "X-Forwarded-For"), [src], key)
+        finally:
+            for c in conns.values():
+                c.close()
+
     def test_forwarded_host_is_the_client_host(self):
         proxy = self.start_proxy()
         _, seen = self.echo(proxy, "hop-host", [("Host", "api.example.com")])
