@@ -17,8 +17,8 @@
  * served from an older copy. Only copies some reply still holds are kept:
  * nothing is cached here past its last replay. (A worker keeps its last
  * replay answer of up to 64 KiB made, for more replays of that version,
- * and with it a reference to its copy, until it goes unreplayed for a
- * second: struct replay_ready in server.c.)
+ * and with it a reference to its copy, until 1-2 s after its last
+ * replay: struct replay_ready in server.c.)
  *
  * server.max_buffered: each copy is counted once against the process's
  * budget (the counter given to replay_share_new), when it is made, and

@@ -269,18 +269,17 @@ struct request {
  * it read (replay_body_is()), so a record forgotten, purged or replaced is
  * never answered from it. Only bodies of up to REPLAY_READY_MAX_BODY are
  * kept (their bytes stay counted in server.max_buffered while kept), and an
- * answer not replayed for REPLAY_READY_IDLE_MS is let go. Worker-owned:
- * only its thread touches it.
+ * answer not replayed between two sweeps (SWEEP_MS, a second) is let go.
+ * Worker-owned: only its thread touches it.
  */
 #define REPLAY_READY_MAX_BODY (64 * 1024)
-#define REPLAY_READY_IDLE_MS 1000
 struct replay_ready {
     struct MHD_Response *resp; /* holds body's reference, given back when freed */
     const struct replay_body *body;
     int status;
     size_t header_bytes; /* answer_header_bytes() of its stored headers */
     unsigned refs;       /* the worker's, and each request's not yet queued */
-    int64_t used_ms;     /* idem_mono_ms() of its last replay */
+    bool used;           /* replayed since the last sweep_closed() */
 };
 
 static struct replay_ready *replay_ready_ref(struct replay_ready *rr)
@@ -1074,7 +1073,7 @@ static void respond_ready(struct request *r, struct replay_ready *rr)
         replay_ready_put(rr);
         return;
     }
-    rr->used_ms = idem_mono_ms();
+    rr->used = true;
     respond(r, rr->resp, rr->status, "replayed");
     r->response_ready = rr;
 }
@@ -3739,9 +3738,11 @@ static void *worker_main(void *arg)
         }
         if (now >= w->next_sweep_ms) {
             sweep_closed(w);
-            if (w->replay_ready != NULL &&
-                now - w->replay_ready->used_ms >= REPLAY_READY_IDLE_MS)
+            /* Not replayed since the last sweep, a second ago. */
+            if (w->replay_ready != NULL && !w->replay_ready->used)
                 replay_ready_drop(w);
+            else if (w->replay_ready != NULL)
+                w->replay_ready->used = false;
             w->next_sweep_ms = now + SWEEP_MS;
         }
         if (run_mhd || n == 0 || w->draining || w->mhd_pending) {

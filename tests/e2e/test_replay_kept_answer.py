@@ -76,8 +76,8 @@ class ReplayKeptAnswer(harness.ProxyTestCase):
     def test_a_kept_answer_counts_in_max_buffered_until_let_go(self):
         # A 60,000-byte answer, kept after its replay: with max_buffered at
         # 1 MiB, a 1 MiB body does not fit beside it (503, nothing
-        # forwarded), and does once the answer has gone unreplayed for a
-        # second and is let go.
+        # forwarded), and does once the answer is let go: 1-2 s after its
+        # last replay (the worker's once-a-second sweep finds it unused).
         proxy = self.start_proxy(config=self.config(server={"workers": 1,
                                                             "max_buffered": "1MiB"}))
         first = self.post(proxy, "kept-60k", headers=[("X-Test-Fault", "huge"),
