@@ -850,6 +850,14 @@ class ProxyTestCase(unittest.TestCase):
             self.assertLessEqual(seconds, maximum, resp)
         return seconds
 
+    def assertStopsClean(self, proxy):
+        """SIGTERM: the proxy exits 0 with no sanitizer report on stderr."""
+        status = proxy.stop()
+        err = proxy.stderr()
+        self.assertNotIn("AddressSanitizer", err, err[-4000:])
+        self.assertNotIn("runtime error:", err, err[-4000:])
+        self.assertEqual(status, 0, err[-4000:])
+
     def assertExecuted(self, resp):
         """A fresh upstream answer (not a replay)."""
         self.assertEqual(resp.status, 201, resp)

@@ -59,11 +59,7 @@ class SlotOutlived(harness.ProxyTestCase):
         self.assertTrue(proxy.running(), proxy.stderr()[-4000:])
         self.assertReplayOf(self.post(proxy, "outlived"), first)
 
-        status = proxy.stop()
-        err = proxy.stderr()
-        self.assertNotIn("AddressSanitizer", err, err[-4000:])
-        self.assertNotIn("runtime error:", err, err[-4000:])
-        self.assertEqual(status, 0, err[-4000:])
+        self.assertStopsClean(proxy)
 
 
 if __name__ == "__main__":
