@@ -1077,10 +1077,11 @@ static void respond_ready(struct request *r, struct replay_ready *rr)
     r->response_ready = rr;
 }
 
-/* Keeps resp, a replay of a body of body_len bytes whose copy it holds
- * (body), as the worker's ready answer in place of the one before; r is
- * answered with it. False when it is not kept (too large, or no memory for
- * the bookkeeping): r is not answered then. */
+/* Keeps resp, a replay answer holding a reference to body (its body's
+ * shared copy), as the worker's ready answer in place of the one before;
+ * r is answered with it. False when it is not kept (a body over
+ * REPLAY_READY_MAX_BODY, or no memory for the bookkeeping): r is not
+ * answered then. */
 static bool keep_ready(struct request *r, struct MHD_Response *resp,
                        const struct replay_body *body, int status, size_t header_bytes)
 {
