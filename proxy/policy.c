@@ -113,19 +113,34 @@ void idem_headers_clear(struct idem_headers *h)
     memset(h, 0, sizeof(*h));
 }
 
+/* Whether a header's name is name (len bytes), ignoring case. The length
+ * first: most names differ in it, and every request's head is searched for
+ * a dozen names (on_headers, the forwarding filter). */
+static bool name_is(const char *name, size_t name_len, const char *lit, size_t len)
+{
+    return name_len == len && strncasecmp(name, lit, len) == 0;
+}
+
+static bool named(const struct idem_header *h, const char *name, size_t len)
+{
+    return name_is(h->name, h->name_len, name, len);
+}
+
 const struct idem_header *idem_headers_find(const struct idem_headers *h, const char *name)
 {
+    size_t len = strlen(name);
     for (size_t i = 0; i < h->n; i++)
-        if (strcasecmp(h->v[i].name, name) == 0)
+        if (named(&h->v[i], name, len))
             return &h->v[i];
     return NULL;
 }
 
 size_t idem_headers_count(const struct idem_headers *h, const char *name)
 {
+    size_t len = strlen(name);
     size_t count = 0;
     for (size_t i = 0; i < h->n; i++)
-        if (strcasecmp(h->v[i].name, name) == 0)
+        if (named(&h->v[i], name, len))
             count++;
     return count;
 }
@@ -461,15 +476,33 @@ int idem_scope_build(const struct config_route *route, const char *header_value,
 
 /* ---- header filters --------------------------------------------------- */
 
+#define NAME(s) {s, sizeof(s) - 1}
+struct name_len {
+    const char *name;
+    size_t len;
+};
+
+static bool named_in(const char *name, size_t name_len, const struct name_len *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (name_is(name, name_len, names[i].name, names[i].len))
+            return true;
+    return false;
+}
+
+static bool hop_by_hop(const char *name, size_t name_len)
+{
+    static const struct name_len fixed[] = {
+        NAME("Connection"), NAME("Keep-Alive"), NAME("TE"),      NAME("Trailer"),
+        NAME("Trailers"),   NAME("Transfer-Encoding"), NAME("Upgrade"),
+        NAME("Proxy-Connection")};
+    return named_in(name, name_len, fixed, sizeof(fixed) / sizeof(fixed[0])) ||
+           (name_len >= 6 && strncasecmp(name, "Proxy-", 6) == 0);
+}
+
 bool idem_header_is_hop_by_hop(const char *name)
 {
-    static const char *const fixed[] = {"Connection", "Keep-Alive", "TE",      "Trailer",
-                                        "Trailers",   "Transfer-Encoding", "Upgrade",
-                                        "Proxy-Connection"};
-    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-        if (strcasecmp(name, fixed[i]) == 0)
-            return true;
-    return strncasecmp(name, "Proxy-", 6) == 0;
+    return hop_by_hop(name, strlen(name));
 }
 
 /*
@@ -523,7 +556,7 @@ static void conn_tokens_parse(const struct idem_headers *h, struct conn_tokens *
         const char *p = h->v[i].value;
         const char *tok;
         size_t len;
-        if (strcasecmp(h->v[i].name, "Connection") != 0)
+        if (!named(&h->v[i], "Connection", 10))
             continue;
         while (next_list_token(&p, &tok, &len)) {
             if (ct->n == MAX_CONNECTION_TOKENS) {
@@ -544,7 +577,7 @@ static bool connection_names_slow(const struct idem_headers *h, const char *name
         const char *p = h->v[i].value;
         const char *tok;
         size_t len;
-        if (strcasecmp(h->v[i].name, "Connection") != 0)
+        if (!named(&h->v[i], "Connection", 10))
             continue;
         while (next_list_token(&p, &tok, &len))
             if (len == nlen && strncasecmp(tok, name, len) == 0)
@@ -598,13 +631,13 @@ bool idem_connection_too_many_names(const struct idem_headers *in)
 int idem_filter_request_headers(const struct idem_headers *in,
                                 const struct idem_forward_info *info, struct idem_headers *out)
 {
-    static const char *const dropped[] = {"Host",
-                                          "Content-Length",
-                                          "Expect",
-                                          "X-Forwarded-For",
-                                          "X-Forwarded-Proto",
-                                          "X-Forwarded-Host",
-                                          "Forwarded"};
+    static const struct name_len dropped[] = {NAME("Host"),
+                                              NAME("Content-Length"),
+                                              NAME("Expect"),
+                                              NAME("X-Forwarded-For"),
+                                              NAME("X-Forwarded-Proto"),
+                                              NAME("X-Forwarded-Host"),
+                                              NAME("Forwarded")};
     const struct idem_header *host = NULL;
     struct conn_tokens ct;
 
@@ -614,14 +647,14 @@ int idem_filter_request_headers(const struct idem_headers *in,
         return -1;
     for (size_t i = 0; i < in->n; i++) {
         const struct idem_header *hd = &in->v[i];
-        bool drop = strncasecmp(hd->name, "X-Forwarded-", 12) == 0; /* all forgeable */
+        bool drop = hd->name_len >= 12 &&
+                    strncasecmp(hd->name, "X-Forwarded-", 12) == 0; /* all forgeable */
         if (!idem_is_token(hd->name, hd->name_len) || has_ctl_break(hd->value, hd->value_len))
             return -1;
-        if (strcasecmp(hd->name, "Host") == 0 && host == NULL)
+        if (host == NULL && named(hd, "Host", 4))
             host = hd;
-        for (size_t k = 0; k < sizeof(dropped) / sizeof(dropped[0]) && !drop; k++)
-            drop = strcasecmp(hd->name, dropped[k]) == 0;
-        if (drop || idem_header_is_hop_by_hop(hd->name) ||
+        drop = drop || named_in(hd->name, hd->name_len, dropped, sizeof(dropped) / sizeof(dropped[0]));
+        if (drop || hop_by_hop(hd->name, hd->name_len) ||
             conn_tokens_has(&ct, hd->name, hd->name_len))
             continue;
         if (idem_headers_push(out, hd->name, hd->name_len, hd->value, hd->value_len) != 0)
@@ -662,11 +695,11 @@ int idem_response_headers_each(const struct idem_headers *in, const struct confi
             continue;
         /* MHD frames the body itself (RFC 9112 section 6): the upstream's
          * framing headers describe a different message. */
-        if (strcasecmp(hd->name, "Content-Length") == 0 ||
-            idem_header_is_hop_by_hop(hd->name) || conn_tokens_has(&ct, hd->name, hd->name_len) ||
+        if (named(hd, "Content-Length", 14) || hop_by_hop(hd->name, hd->name_len) ||
+            conn_tokens_has(&ct, hd->name, hd->name_len) ||
             (ct.overflow && connection_names_slow(in, hd->name, hd->name_len)))
             continue;
-        if (strcasecmp(hd->name, "Idempotent-Replayed") == 0)
+        if (named(hd, "Idempotent-Replayed", 19))
             continue;
         if (strip != NULL && in_strip_list(strip, hd->name))
             continue;
