@@ -26,6 +26,7 @@
 #include "clock.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -668,6 +669,19 @@ static void response_drop(struct request *r)
         MHD_destroy_response(r->response);
     r->response_ready = NULL;
     r->response = NULL;
+}
+
+/* Takes the request's own answer out of it, to queue. Only the upstream's
+ * answers are taken so: a replay never settles a record, and a kept replay
+ * answer (response_ready) must go back through response_drop(), not be
+ * queued as the request's own and destroyed by libmicrohttpd. */
+static struct MHD_Response *response_take(struct request *r)
+{
+    struct MHD_Response *resp = r->response;
+
+    assert(r->response_ready == NULL);
+    r->response = NULL;
+    return resp;
 }
 
 static void request_free(struct request *r)
@@ -2402,16 +2416,11 @@ static void on_job(struct request *r, struct writer_job *j)
         }
         if (j->op.outcome == STORE_FENCED)
             r->outcome = "fenced";
-        {
-            struct MHD_Response *resp = r->response;
-            r->response = NULL;
-            respond(r, resp, r->response_status, r->outcome);
-        }
+        respond(r, response_take(r), r->response_status, r->outcome);
         break;
     case STORE_OP_RELEASE:
     default: {
-        struct MHD_Response *resp = r->response;
-        r->response = NULL;
+        struct MHD_Response *resp = response_take(r);
         /* A refused release: the lease was stolen while the action ran, and
          * the record is the new owner's. */
         if (j->error == 0 && j->op.outcome == STORE_FENCED)
@@ -3579,8 +3588,7 @@ static void give_up_store_waits(struct worker *w)
                  * says whether anything was sent) is true whether or not the
                  * release lands; if it does not, the key is freed when its
                  * lease ends. A 503 "retry" would hide that it was sent. */
-                struct MHD_Response *resp = r->response;
-                r->response = NULL;
+                struct MHD_Response *resp = response_take(r);
                 r->store_abandoned = true;
                 respond(r, resp, r->response_status, r->outcome);
                 n++;
