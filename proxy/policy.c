@@ -493,9 +493,8 @@ static bool named_in(const char *name, size_t name_len, const struct name_len *n
 static bool hop_by_hop(const char *name, size_t name_len)
 {
     static const struct name_len fixed[] = {
-        NAME("Connection"), NAME("Keep-Alive"), NAME("TE"),      NAME("Trailer"),
-        NAME("Trailers"),   NAME("Transfer-Encoding"), NAME("Upgrade"),
-        NAME("Proxy-Connection")};
+        NAME("Connection"), NAME("Keep-Alive"),        NAME("TE"),      NAME("Trailer"),
+        NAME("Trailers"),   NAME("Transfer-Encoding"), NAME("Upgrade"), NAME("Proxy-Connection")};
     return named_in(name, name_len, fixed, sizeof(fixed) / sizeof(fixed[0])) ||
            (name_len >= 6 && strncasecmp(name, "Proxy-", 6) == 0);
 }
@@ -653,7 +652,8 @@ int idem_filter_request_headers(const struct idem_headers *in,
             return -1;
         if (host == NULL && named(hd, "Host", 4))
             host = hd;
-        drop = drop || named_in(hd->name, hd->name_len, dropped, sizeof(dropped) / sizeof(dropped[0]));
+        drop =
+            drop || named_in(hd->name, hd->name_len, dropped, sizeof(dropped) / sizeof(dropped[0]));
         if (drop || hop_by_hop(hd->name, hd->name_len) ||
             conn_tokens_has(&ct, hd->name, hd->name_len))
             continue;

@@ -1008,8 +1008,8 @@ static void read_end(struct lmdb_store *s, MDB_txn *txn)
         struct read_slot *sl = &s->pool[(h + i) % LMDB_READ_POOL];
         MDB_txn *expected = NULL;
         if (atomic_load_explicit(&sl->txn, memory_order_relaxed) == NULL &&
-            atomic_compare_exchange_strong_explicit(&sl->txn, &expected, txn,
-                                                    memory_order_release, memory_order_relaxed)) {
+            atomic_compare_exchange_strong_explicit(&sl->txn, &expected, txn, memory_order_release,
+                                                    memory_order_relaxed)) {
             txn = NULL;
         }
     }
